@@ -1,0 +1,19 @@
+"""mpt-tuner: per-op precision policies for PyTorch, an accuracy-driven FP32 fallback search, inspection.
+
+Data flow: model file (loader) -> policy/plan (policy, plan) -> engine (engine, api)
+-> inspect (audit) / search (search, tune) -> outputs (outputs, checkpoint).
+"""
+from .api import attach, autocast, convert, detach, revert
+from .dtypes import parse_dtype
+from .engine import Decision, disable_casts
+from .errors import ConfigError, MptError, PlanMismatchError, UserCodeError
+from .plan import OpInstance, Plan
+from .policy import Policy, load_preset, preset_names, read_op_list
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "autocast", "disable_casts", "convert", "revert", "attach", "detach",
+    "Plan", "OpInstance", "Policy", "Decision", "load_preset", "preset_names", "read_op_list", "parse_dtype",
+    "MptError", "ConfigError", "UserCodeError", "PlanMismatchError",
+]

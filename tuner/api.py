@@ -1,0 +1,192 @@
+"""The public ways to turn a policy on: `with tuner.autocast(...)`, `tuner.convert()`, `tuner.attach()`."""
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import nn
+
+from .dtypes import parse_dtype, short_name
+from .engine import CastCache, Decision, PrecisionEngine
+from .errors import ConfigError
+from .plan import Plan
+from .policy import Policy, custom_policy, load_preset
+
+log = logging.getLogger("tuner")
+
+PolicyLike = str | Path | Plan | Policy
+
+
+def resolve(policy: PolicyLike, dtype: str | torch.dtype | None = None,
+            modules: Mapping[str, str | torch.dtype] | None = None) -> tuple[Policy, torch.dtype, dict, dict]:
+    """(policy, dtype, module overrides, instance overrides) from a preset name, plan file or object."""
+    instances: dict = {}
+    mods: dict = {}
+    if isinstance(policy, (str, Path)) and (str(policy).endswith((".yaml", ".yml")) or Path(policy).is_dir()):
+        policy = Plan.load(policy)
+    if isinstance(policy, Plan):
+        pol = policy.policy()
+        default_dtype = policy.torch_dtype
+        mods = policy.module_overrides()
+        instances = policy.instance_overrides()
+    elif isinstance(policy, Policy):
+        pol, default_dtype = policy, parse_dtype(policy.dtype)
+    elif isinstance(policy, str):
+        pol = load_preset(policy)
+        default_dtype = parse_dtype(pol.dtype)
+    else:
+        raise ConfigError(f"policy must be a preset name, a plan file or a Plan/Policy, found {type(policy).__name__}")
+    try:
+        lower = parse_dtype(dtype, lower_only=True) if dtype is not None else default_dtype
+        for k, v in (modules or {}).items():
+            mods[k] = parse_dtype(v)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return pol, lower, mods, instances
+
+
+def _log_decision(decision: Decision) -> None:
+    log.info("%s  %s#%d  %s -> %s  (%s)", decision.module, decision.op, decision.index,
+             ",".join(decision.in_dtypes) or "-", decision.compute, decision.reason)
+
+
+def _native_ok(pol: Policy) -> bool:
+    return pol.native == "cpu" or (pol.native == "cuda" and torch.cuda.is_available())
+
+
+class autocast:
+    """Run ops in a lower precision by policy: `with tuner.autocast("hmp", dtype="bf16"): model(x)`.
+
+    `policy` is a preset name, a plan file (or output folder), a Plan or a Policy.
+    `modules` maps a module path or glob to a dtype and wins over the op lists.
+    `verbose=True` logs every decision to the `tuner` logger; a callable gets each Decision.
+    `engine="auto"` uses torch.autocast itself when the policy is its own list and
+    nothing needs per-call Python; `"python"` always uses mpt's engine.
+    """
+
+    def __init__(self, policy: PolicyLike = "torch-cpu", dtype: str | torch.dtype | None = None, *,
+                 model: nn.Module | None = None, modules: Mapping[str, str | torch.dtype] | None = None,
+                 verbose: bool | Callable[[Decision], None] = False,
+                 recorder: Callable[..., None] | None = None, engine: str = "auto",
+                 lower_list: str | Path | None = None, fp32_list: str | Path | None = None,
+                 dry_run: bool = False) -> None:
+        pol, lower, mods, instances = resolve(policy, dtype, modules)
+        if lower_list or fp32_list:
+            pol = custom_policy(pol, lower_file=lower_list, fp32_file=fp32_list)
+        if engine not in ("auto", "python", "torch"):
+            raise ConfigError(f"engine: expected auto, python or torch, found {engine!r}")
+        self.policy, self.dtype = pol, lower
+        verbose_fn = _log_decision if verbose is True else (verbose or None)
+        plain = not mods and not instances and recorder is None and verbose_fn is None and not dry_run
+        self.native = engine == "torch" or (engine == "auto" and plain and _native_ok(pol))
+        if self.native:
+            if not plain or pol.native is None:
+                raise ConfigError("engine='torch' needs a torch-* preset and no overrides, recorder or verbose")
+            self._ctx: Any = torch.autocast(pol.native, dtype=lower)
+        else:
+            self._ctx = PrecisionEngine(pol, lower, root=model, module_overrides=mods,
+                                        instance_overrides=instances, recorder=recorder, verbose=verbose_fn,
+                                        dry_run=dry_run)
+
+    @property
+    def engine(self) -> PrecisionEngine | None:
+        return None if self.native else self._ctx
+
+    def __enter__(self) -> "autocast":
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._ctx.__exit__(*exc)
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+
+# ----- HMP-style process-wide switch ------------------------------------------------
+_GLOBAL: list[autocast] = []
+
+
+def convert(opt_level: str | None = None, lower_list_path: str | Path | None = "",
+            fp32_list_path: str | Path | None = "", verbose: bool = False, *,
+            dtype: str | torch.dtype = "bf16", preset: str | None = None) -> autocast:
+    """Turn mixed precision on for the whole script, like `hmp.convert()`.
+
+    opt_level None uses the `hmp` preset (seed 000's defaults); "O1"/"O2" use
+    `hmp-o1`/`hmp-o2`; `preset` picks any other. `lower_list_path` and
+    `fp32_list_path` replace the lists (HMP's bf16_file_path/fp32_file_path).
+    Wrap optimizer steps in `tuner.disable_casts()`. Undo with `tuner.revert()`.
+    """
+    if preset is None:
+        levels = {None: "hmp", "O1": "hmp-o1", "O2": "hmp-o2"}
+        key = opt_level.upper() if isinstance(opt_level, str) else opt_level
+        if key not in levels:
+            raise ConfigError(f"opt_level: expected O1 or O2, found {opt_level!r}")
+        preset = levels[key]
+    revert()
+    ctx = autocast(preset, dtype, verbose=verbose, engine="python",
+                   lower_list=lower_list_path or None, fp32_list=fp32_list_path or None)
+    ctx.__enter__()
+    _GLOBAL.append(ctx)
+    return ctx
+
+
+def revert() -> None:
+    """Undo `tuner.convert()`."""
+    while _GLOBAL:
+        _GLOBAL.pop().__exit__(None, None, None)
+
+
+# ----- plans that travel with the model ------------------------------------------------
+_ATTACHED = "_mpt_precision"
+
+
+def attach(model: nn.Module, policy: PolicyLike, dtype: str | torch.dtype | None = None, *,
+           engine: str = "auto") -> nn.Module:
+    """Make `model(...)` run under the policy with no `with` block (what `tuner.load` returns).
+
+    Ops inside the model's forward follow the plan; code around the call
+    (the user's metric, the loss) runs as usual. `tuner.detach(model)` undoes it.
+    """
+    detach(model)
+    ctx = autocast(policy, dtype, model=model, engine=engine)
+    original = model.forward
+    eng = ctx.engine
+
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        with ctx:
+            if eng is not None:
+                eng.tracker._pre(model, args)
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    eng.tracker._post(model, args, None)
+            return original(*args, **kwargs)
+
+    model.forward = forward  # type: ignore[method-assign]
+    setattr(model, _ATTACHED, (ctx, original))
+    return model
+
+
+def detach(model: nn.Module) -> nn.Module:
+    state = model.__dict__.pop(_ATTACHED, None)
+    if state is not None:
+        model.__dict__.pop("forward", None)
+    return model
+
+
+def attached(model: nn.Module) -> autocast | None:
+    state = getattr(model, _ATTACHED, None)
+    return state[0] if state else None
+
+
+__all__ = ["autocast", "convert", "revert", "attach", "detach", "attached", "resolve", "short_name"]

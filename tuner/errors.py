@@ -1,0 +1,37 @@
+"""Exceptions the library raises. The CLI maps each family to one exit code."""
+from __future__ import annotations
+
+
+class MptError(Exception):
+    """Base class for every error mpt reports to the user as a one-line message."""
+
+
+class ConfigError(MptError):
+    """Bad configuration: YAML, list files, presets, plans, options. Holds every problem found."""
+
+    def __init__(self, errors: list[str] | str, *, source: str | None = None) -> None:
+        self.errors = [errors] if isinstance(errors, str) else list(errors)
+        self.source = source
+        prefix = f"{source}: " if source else ""
+        if len(self.errors) == 1:
+            msg = prefix + self.errors[0]
+        else:
+            msg = prefix + f"{len(self.errors)} problems:\n" + "\n".join(f"  - {e}" for e in self.errors)
+        super().__init__(msg)
+
+
+class UserCodeError(MptError):
+    """The user's model file failed: import, build_model, evaluate or example_inputs."""
+
+    def __init__(self, message: str, *, where: str | None = None, original: BaseException | None = None) -> None:
+        self.where = where
+        self.original = original
+        super().__init__(message if where is None else f"{message} ({where})")
+
+
+class PlanMismatchError(MptError):
+    """A plan or checkpoint does not fit the model it is applied to."""
+
+
+class DeviceError(MptError):
+    """The device cannot run the requested dtype."""

@@ -146,7 +146,7 @@ class PrecisionEngine(TorchFunctionMode):
         root: nn.Module | None = None,
         module_overrides: Mapping[str, torch.dtype] | None = None,
         instance_overrides: Mapping[InstanceKey, torch.dtype] | None = None,
-        recorder: Callable[[Decision, Callable[..., Any], tuple, dict, Any], None] | None = None,
+        recorder: Callable[..., None] | None = None,
         verbose: Callable[[Decision], None] | None = None,
         dry_run: bool = False,
         cache: CastCache | None = None,
@@ -275,19 +275,21 @@ class PrecisionEngine(TorchFunctionMode):
                 target = None
 
         casts = 0
+        raw_args, raw_kwargs = args, kwargs
         if target is not None and not self.dry_run:
             args, kwargs, casts = self._cast(args, kwargs, target)
 
         out = func(*args, **kwargs)
 
-        if self.recorder is not None or self.verbose is not None:
+        if (self.recorder is not None or self.verbose is not None) and (
+                isinstance(out, (Tensor, list, tuple)) or any(isinstance(a, Tensor) for a in args)):
             in_dtypes = tuple(short_name(d) for d in self._float_dtypes(args, kwargs, first_only=False, all_=True))
             compute = short_name(target) if target is not None else (in_dtypes[0] if in_dtypes else "-")
             decision = Decision(path, info.name, index, in_dtypes, compute, rule, reason, casts)
             if self.verbose is not None:
                 self.verbose(decision)
             if self.recorder is not None:
-                self.recorder(decision, func, args, kwargs, out)
+                self.recorder(decision, func, args, kwargs, out, raw_args, raw_kwargs)
         return out
 
     def _eligible(self, t: Tensor) -> bool:

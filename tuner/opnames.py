@@ -17,14 +17,23 @@ import torch
 import torch.nn.functional as F
 
 # Python-level call name -> other names it is known by in lists (ATen names).
+# Note: torch hands a TorchFunctionMode the method behind an operator: `a @ b`
+# arrives as `matmul`, `a / b` as `div`, `a += b` as `add_`. The aliases let
+# the seeds' operator names (`__matmul__`, `truediv`, `iadd`) still match.
 ALIASES: dict[str, tuple[str, ...]] = {
+    "matmul": ("__matmul__",),
+    "div": ("truediv", "true_divide", "divide"),
+    "add_": ("iadd",),
+    "sub_": ("isub",),
+    "mul_": ("imul",),
+    "div_": ("itruediv",),
     "__matmul__": ("matmul",),
     "__rmatmul__": ("matmul",),
     "cross_entropy": ("cross_entropy_loss",),
     "cross_entropy_loss": ("cross_entropy",),
     "nll_loss": ("nll_loss2d", "nll_loss_nd"),
     "nll_loss_nd": ("nll_loss", "nll_loss2d"),
-    "truediv": ("true_divide",),
+    "truediv": ("true_divide", "div"),
     "true_divide": ("truediv",),
     "divide": ("div",),
     "dropout1d": ("feature_dropout",),

@@ -1,0 +1,1 @@
+"""The `mpt` command-line app (click). Everything that computes lives in `tuner`."""

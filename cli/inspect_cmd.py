@@ -1,0 +1,102 @@
+"""`mpt inspect`: per-op-call precision, reason and error."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from .common import dtype_option, guarded, user_code_options
+from .render import console, fmt_err, is_tty
+
+EPILOG = """\b
+Examples:
+  mpt inspect examples/digits_cnn.py                    # torch-cpu preset, bf16
+  mpt inspect examples/digits_cnn.py --preset hmp --top 20
+  mpt inspect model.py --plan mpt-out/plan.yaml --json > ops.json
+"""
+
+
+@click.command("inspect", epilog=EPILOG)
+@click.argument("model_file", metavar="MODEL.py[:build_fn]")
+@click.option("--preset", default=None, metavar="NAME", help="Preset to apply (see `mpt presets`). Default: torch-cpu.")
+@click.option("--plan", "plan_path", default=None, metavar="FILE|DIR",
+              help="Plan to apply: a plan.yaml or a `mpt tune` output folder.")
+@dtype_option(default=None)
+@click.option("--module", "module_overrides", multiple=True, metavar="PATH=DTYPE",
+              help="Per-module override, e.g. --module 'encoder.layers.0.*=fp32'. Repeatable.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (records + summary) for scripts.")
+@click.option("--top", type=int, default=None, metavar="N", help="Show only the N calls with the largest error.")
+@click.option("--config", "config_path", default=None, metavar="FILE", help="YAML config (keys = option names).")
+@user_code_options
+@guarded
+def inspect_cmd(model_file: str, preset: str | None, plan_path: str | None, dtype: str | None,
+                module_overrides: tuple[str, ...], as_json: bool, top: int | None, config_path: str | None,
+                model_fn: str | None, eval_fn: str | None, inputs_fn: str | None) -> None:
+    """Show what precision each op call runs in, why, and how much error it adds.
+
+    Runs example_inputs() once in FP32 and once under the policy, and lists for
+    each op call: module path, op, input dtypes, the dtype it computed in,
+    output dtype, the rule that decided it, its error against the FP32 run
+    (`error`, everything upstream included) and the error the op adds by
+    itself (`local`). The summary gives the share of op calls and of
+    matmul/conv FLOPs that ran in the lower precision and the casts inserted.
+    """
+    from tuner.audit import inspect_model
+    from tuner.errors import ConfigError
+    from tuner.loader import load_user_model
+
+    if config_path:
+        from tuner.config import apply_config
+
+        values = apply_config(config_path, "inspect", click.get_current_context())
+        model_file = values.get("model", model_file)
+    if preset and plan_path:
+        raise ConfigError("give --preset or --plan, not both")
+    mods: dict[str, str] = {}
+    for item in module_overrides:
+        if "=" not in item:
+            raise ConfigError(f"--module expects PATH=DTYPE, found {item!r}")
+        path, value = item.split("=", 1)
+        mods[path.strip()] = value.strip()
+    user = load_user_model(model_file, model=model_fn, eval=eval_fn, inputs=inputs_fn, require_eval=False)
+    inputs = user.example_inputs()
+    if inputs is None:
+        raise ConfigError(f"{user.path.name} defines no example_inputs(); add one or pass --inputs NAME")
+    model = user.build()
+    policy: Any = plan_path if plan_path else (preset or "torch-cpu")
+    result = inspect_model(model, inputs, policy, dtype, modules=mods or None)
+    records = result.records
+    shown = sorted(records, key=lambda r: -(r.error or 0.0))[:top] if top else records
+    if as_json:
+        data = result.to_dict()
+        data["records"] = [data["records"][records.index(r)] for r in shown]
+        json.dump(data, sys.stdout, indent=1, default=str)
+        sys.stdout.write("\n")
+        return
+    s = result.summary
+    summary = (f"{s.policy} {s.dtype}: {s.lower_calls}/{s.calls} op calls ({s.lower_call_share:.0%}) and "
+               f"{s.lower_flop_share:.0%} of matmul/conv FLOPs in {s.dtype}; {s.casts} casts inserted; "
+               f"output error {fmt_err(s.output_error)}")
+    out = console()
+    if is_tty():
+        from rich.table import Table
+
+        table = Table(title=f"mpt inspect: {user.path.name}", show_lines=False)
+        for col in ("module", "op", "inputs", "computed", "output", "rule", "error", "local"):
+            table.add_column(col, justify="right" if col in ("error", "local") else "left")
+        for r in shown:
+            style = "red" if r.nonfinite else ("cyan" if r.dtype in ("bf16", "fp16") else None)
+            table.add_row(r.module or "(root)", f"{r.op}#{r.index}", ",".join(r.input_dtypes) or "-", r.dtype,
+                          r.output_dtype, r.reason, fmt_err(r.error), fmt_err(r.local_error), style=style)
+        out.print(table)
+    else:
+        out.print(f"{'module':30} {'op':28} {'inputs':16} {'computed':8} {'output':6} {'error':>9} {'local':>9}  rule")
+        for r in shown:
+            out.print(f"{(r.module or '(root)'):30} {r.op + '#' + str(r.index):28} "
+                      f"{','.join(r.input_dtypes) or '-':16} {r.dtype:8} {r.output_dtype:6} "
+                      f"{fmt_err(r.error):>9} {fmt_err(r.local_error):>9}  {r.reason}")
+    out.print(summary)
+    if s.first_nonfinite:
+        out.print(f"first non-finite output (NaN/inf) at {s.first_nonfinite}")

@@ -1,0 +1,50 @@
+"""The `mpt` command: a thin click layer over the `tuner` library."""
+from __future__ import annotations
+
+import click
+
+from . import exitcodes
+from .inspect_cmd import inspect_cmd
+from .presets_cmd import presets_cmd
+
+HELP = f"""mpt: find which ops of a PyTorch model can run in bfloat16/float16, and prove it.
+
+\b
+Your model file defines build_model() -> nn.Module, evaluate(model) -> float
+and optionally example_inputs() -> tuple. Point at another function with
+FILE.py:NAME or the --model/--eval/--inputs options.
+
+\b
+Start with:
+  mpt presets                               # the shipped op-list presets
+  mpt inspect examples/digits_cnn.py        # per-op precision, reason, error
+  mpt tune examples/digits_sensor.py --dtype bf16   # search FP32 fallbacks
+
+{exitcodes.HELP}
+"""
+
+
+@click.group(help=HELP, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="mpt-tuner", prog_name="mpt")
+@click.option("--debug", is_flag=True, help="Show full tracebacks for errors.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+
+
+main.add_command(inspect_cmd)
+main.add_command(presets_cmd)
+
+try:  # commands added by later modules register themselves here
+    from .tune_cmd import tune_cmd
+
+    main.add_command(tune_cmd)
+except ImportError:  # pragma: no cover
+    pass
+try:
+    from .check_cmd import check_cmd
+
+    main.add_command(check_cmd)
+except ImportError:  # pragma: no cover
+    pass

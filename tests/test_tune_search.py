@@ -1,0 +1,118 @@
+"""The search on planted models: it finds exactly the fragile op instances, within its evaluation promise."""
+import json
+import math
+
+import pytest
+import torch
+
+from tuner.audit import inspect_model
+from tuner.journal import Journal
+from tuner.search import FallbackSearch, gap_index
+from tuner.testing import PlantedTask
+from tuner.tune import TuneOptions, tune
+
+
+@pytest.mark.parametrize("n,k", [(16, 1), (32, 2), (48, 3)])
+def test_search_finds_exactly_the_planted_ops(n, k):
+    task = PlantedTask(n, k)
+    result = tune(task.build, task.evaluate, task.example_inputs, TuneOptions(dtype="bf16", tolerance=0.01))
+    assert result.status == "ok"
+    assert {i.label() for i in result.plan.fp32_instances} == task.build().fragile_labels()
+    # promise: 4 or fewer full evaluations when the ranking puts the fragile ops first
+    assert result.evals <= 4
+    assert task.evaluations == result.evals
+    assert result.metric >= result.target
+
+
+def test_fragile_op_local_error_looks_ordinary_but_damage_shows_downstream():
+    task = PlantedTask(16, 1)
+    model = task.build()
+    res = inspect_model(model, task.example_inputs(), "torch-cpu", "bf16")
+    linears = [r for r in res.records if r.op == "linear" and r.local_error is not None]
+    fragile = [r for r in linears if r.module.startswith("branches.")]
+    benign = sorted(r.local_error for r in linears if not r.module.startswith("branches."))
+    median = benign[len(benign) // 2]
+    assert fragile and fragile[0].local_error < 5 * median  # locally ordinary
+    result = tune(task.build, task.evaluate, task.example_inputs, TuneOptions())
+    top = max(result.scores, key=result.scores.get)
+    assert top == "branches.0:linear#0"  # but the ranking still puts it first
+
+
+def test_no_fallback_needed_costs_two_evaluations():
+    task = PlantedTask(16, 0)
+    result = tune(task.build, task.evaluate, task.example_inputs, TuneOptions())
+    assert result.status == "ok" and result.evals == 2 and not result.plan.fp32_instances
+
+
+def test_failed_trials_count_as_failures_not_crashes():
+    task = PlantedTask(16, 1)
+    calls = {"n": 0}
+
+    def flaky(model):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the all-bf16 trial
+            return float("nan")
+        return task.evaluate(model)
+
+    result = tune(task.build, flaky, task.example_inputs, TuneOptions())
+    assert result.status == "ok"
+    assert not result.trials[1].passed and "nan" in (result.trials[1].error or "")
+
+
+def test_target_not_met_reports_status():
+    task = PlantedTask(16, 1)
+    noisy = iter([1.0] + [0.5] * 100)
+    result = tune(task.build, lambda m: next(noisy), task.example_inputs, TuneOptions())
+    assert result.status == "not_met" and result.metric is None
+
+
+def test_max_evals_bounds_the_search_and_keeps_best_confirmed():
+    task = PlantedTask(32, 2)
+    result = tune(task.build, task.evaluate, task.example_inputs, TuneOptions(max_evals=2))
+    assert result.evals == 2 and result.stopped and "max-evals" in result.stopped
+    assert result.status == "not_met"  # only baseline + the failing all-bf16 trial ran
+
+
+def test_resume_repeats_no_evaluation(tmp_path):
+    task = PlantedTask(32, 2)
+    header = {"model": "planted", "dtype": "bf16"}
+    j = Journal(tmp_path / "journal.jsonl", header, resume=False)
+    first = tune(task.build, task.evaluate, task.example_inputs, TuneOptions(max_evals=3), journal=j)
+    assert first.stopped and task.evaluations == 3
+    lines = (tmp_path / "journal.jsonl").read_text().splitlines()
+    assert len(lines) == 1 + 3 and all(json.loads(l) for l in lines)
+    task.evaluations = 0
+    j2 = Journal(tmp_path / "journal.jsonl", header, resume=True)
+    second = tune(task.build, task.evaluate, task.example_inputs, TuneOptions(), journal=j2)
+    assert second.status == "ok"
+    assert task.evaluations == second.evals - 3  # the three finished ones came from the journal
+    assert sum(t.from_journal for t in second.trials) == 3
+    assert {i.label() for i in second.plan.fp32_instances} == task.build().fragile_labels()
+
+
+def test_lower_is_better_and_absolute_targets():
+    opts = TuneOptions(tolerance=0.5, absolute=True, lower_is_better=True)
+    assert opts.target(2.0) == 2.5 and opts.meets(2.4, 2.5) and not opts.meets(2.6, 2.5)
+    rel = TuneOptions(tolerance=0.1)
+    assert math.isclose(rel.target(0.8), 0.72) and not rel.meets(float("nan"), 0.0)
+
+
+def test_gap_index_and_worst_case_without_ranking():
+    assert gap_index([100, 90, 1, 0.5, 0.9]) == 2
+    assert gap_index([1, 0.9, 0.8, 0.7]) is None
+    # adversarial ranking (fragile op last): k=1 stays within ceil(log2 N) + 1 search evaluations
+    n, bad = 64, 63
+    s = FallbackSearch(list(range(n)), [1.0] * n, lambda fp32: bad in fp32)
+    out = s.run()
+    assert out.fp32 == frozenset({bad}) and out.evals <= math.ceil(math.log2(n)) + 2
+
+
+def test_options_validation_reports_all_problems():
+    from tuner.errors import ConfigError
+
+    with pytest.raises(ConfigError) as exc:
+        TuneOptions(dtype="int8", tolerance=-1, max_evals=1)
+    msg = str(exc.value)
+    assert "dtype" in msg and "tolerance" in msg and "max_evals" in msg
+    with pytest.raises(ConfigError, match="did you mean"):
+        TuneOptions(preset="torch-cpux")

@@ -155,9 +155,34 @@ def attach(model: nn.Module, policy: PolicyLike, dtype: str | torch.dtype | None
 
     Ops inside the model's forward follow the plan; code around the call
     (the user's metric, the loss) runs as usual. `tuner.detach(model)` undoes it.
+
+    With a torch-* preset and engine="auto", the model runs under
+    torch.autocast and only the modules that own a per-instance or per-module
+    override run under mpt's engine (scoped), so a tuned model pays per-op
+    Python cost only where its plan differs from torch's lists.
     """
     detach(model)
-    ctx = autocast(policy, dtype, model=model, engine=engine)
+    pol, lower, mods, instances = resolve(policy, dtype)
+    if engine == "auto" and _native_ok(pol) and (instances or mods):
+        forward = _scoped_forward(model, pol, lower, mods, instances)
+        ctx: Any = None
+    else:
+        ctx = autocast(pol, lower, model=model, modules=mods or None, engine=engine) if not (instances or mods) \
+            else _engine_ctx(model, pol, lower, mods, instances)
+        forward = _full_forward(model, ctx)
+    model.forward = forward  # type: ignore[method-assign]
+    setattr(model, _ATTACHED, (ctx, None))
+    return model
+
+
+def _engine_ctx(model: nn.Module, pol: Policy, lower: torch.dtype, mods: dict, instances: dict) -> autocast:
+    ctx = autocast.__new__(autocast)
+    ctx.policy, ctx.dtype, ctx.native = pol, lower, False
+    ctx._ctx = PrecisionEngine(pol, lower, root=model, module_overrides=mods, instance_overrides=instances)
+    return ctx
+
+
+def _full_forward(model: nn.Module, ctx: autocast) -> Callable[..., Any]:
     original = model.forward
     eng = ctx.engine
 
@@ -172,15 +197,76 @@ def attach(model: nn.Module, policy: PolicyLike, dtype: str | torch.dtype | None
                     eng.tracker._post(model, args, None)
             return original(*args, **kwargs)
 
-    model.forward = forward  # type: ignore[method-assign]
-    setattr(model, _ATTACHED, (ctx, original))
-    return model
+    return forward
+
+
+def _scoped_forward(model: nn.Module, pol: Policy, lower: torch.dtype, mods: dict,
+                    instances: dict) -> Callable[..., Any]:
+    """torch.autocast for the model, mpt's engine inside the modules that own overrides."""
+    from fnmatch import fnmatchcase
+
+    eng = PrecisionEngine(pol, lower, root=model, module_overrides=mods, instance_overrides=instances)
+    eng.tracker._on_root_enter = None  # counters are reset once per model call, below
+    owners = {key[0] for key in instances}
+    names = dict(model.named_modules())
+    scoped = {path for path in names if path in owners or any(path == p or fnmatchcase(path, p) for p in mods)}
+    # Only the outermost scoped modules need hooks: the engine follows their children itself.
+    scoped = {p for p in scoped if not any(p != q and (q == "" or p.startswith(q + ".")) for q in scoped)}
+    depth = [0]
+
+    def pre(module: nn.Module, args: Any) -> None:
+        if depth[0] == 0:
+            return  # called outside the attached forward
+        module._mpt_scope = [torch.autocast(pol.native, enabled=False)]  # type: ignore[attr-defined]
+        module._mpt_scope[0].__enter__()
+        eng.__enter__()
+        eng.tracker._pre(module, args)
+
+    def post(module: nn.Module, args: Any, output: Any) -> None:
+        scope = module.__dict__.pop("_mpt_scope", None)
+        if scope is None:
+            return
+        eng.tracker._post(module, args, output)
+        eng.__exit__(None, None, None)
+        scope[0].__exit__(None, None, None)
+
+    handles = []
+    for path in scoped:
+        if path == "":
+            continue
+        mod = names[path]
+        handles.append(mod.register_forward_pre_hook(pre))
+        handles.append(mod.register_forward_hook(post, always_call=True))
+    original = model.forward
+    root_scoped = "" in scoped
+
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        eng._counts.clear()
+        depth[0] += 1
+        try:
+            if root_scoped:
+                with eng:
+                    eng.tracker._pre(model, args)
+                    try:
+                        return original(*args, **kwargs)
+                    finally:
+                        eng.tracker._post(model, args, None)
+            with torch.autocast(pol.native, dtype=lower):  # type: ignore[arg-type]
+                return original(*args, **kwargs)
+        finally:
+            depth[0] -= 1
+
+    forward._mpt_handles = handles  # type: ignore[attr-defined]
+    return forward
 
 
 def detach(model: nn.Module) -> nn.Module:
     state = model.__dict__.pop(_ATTACHED, None)
     if state is not None:
-        model.__dict__.pop("forward", None)
+        forward = model.__dict__.pop("forward", None)
+        for handle in getattr(forward, "_mpt_handles", ()):
+            handle.remove()
     return model
 
 

@@ -231,11 +231,15 @@ class PrecisionEngine(TorchFunctionMode):
         if info.fast or getattr(_STATE, "disabled", 0):
             return func(*args, **kwargs)
         if info.transparent:
-            TorchFunctionMode.__enter__(self)  # re-push only the mode, not the hooks
-            try:
-                return info.clone(*args, **kwargs)  # type: ignore[misc]
-            finally:
-                TorchFunctionMode.__exit__(self, None, None, None)
+            active = _STATE.__dict__.setdefault("transparent", set())
+            if func not in active:  # a composite that re-dispatches to itself is handled as one op
+                active.add(func)
+                TorchFunctionMode.__enter__(self)  # re-push only the mode, not the hooks
+                try:
+                    return info.clone(*args, **kwargs)  # type: ignore[misc]
+                finally:
+                    TorchFunctionMode.__exit__(self, None, None, None)
+                    active.discard(func)
 
         rule, reason = info.rule, info.reason
         path = self.tracker.current_path() if (self._need_index or self.module_overrides) else OUTSIDE

@@ -107,10 +107,11 @@ def is_python_composite(func: Callable[..., Any]) -> bool:
     so the builtin ops inside it (linear, bmm...) get their own rules, as under
     torch.autocast, which sees the ATen ops such functions lower to.
     """
-    return isinstance(func, types.FunctionType) and getattr(func, "__module__", "") in (
-        "torch.nn.functional",
-        "torch.functional",
-    )
+    if not isinstance(func, types.FunctionType):
+        return False
+    filename = func.__code__.co_filename.replace("\\", "/")
+    # boolean_dispatch wrappers (max_pool2d...) claim torch.nn.functional but live in _jit_internal: not them.
+    return filename.endswith(("torch/nn/functional.py", "torch/functional.py"))
 
 
 @functools.lru_cache(maxsize=1)

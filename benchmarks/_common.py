@@ -92,6 +92,7 @@ def interleaved(configs: dict[str, Callable[[], object]], *, rounds: int = 7, bl
             for _ in range(iters):
                 fn()
             per_round[name].append((time.perf_counter() - t0) / iters)
+    interleaved.last_rounds = per_round  # type: ignore[attr-defined]
     return {n: statistics.median(v) for n, v in per_round.items()} | {"__iters__": float(iters)}
 
 

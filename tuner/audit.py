@@ -139,7 +139,7 @@ def inspect_model(model: nn.Module, inputs: tuple, policy: PolicyLike = "torch-c
         if local_errors:
             ref_in[key] = (func, _detach(args), {k: _detach(v) for k, v in kwargs.items()})
 
-    with torch.no_grad(), autocast(pol, lower, model=model, modules=modules, recorder=record_ref,
+    with torch.no_grad(), autocast(policy, dtype, model=model, modules=modules, recorder=record_ref,
                                    engine="python", dry_run=True):
         fp32_output = _call(model, inputs)
 
@@ -167,7 +167,7 @@ def inspect_model(model: nn.Module, inputs: tuple, policy: PolicyLike = "torch-c
             casts=d.casts, flops=op_flops(d.op, args, kwargs, out), error=err, local_error=local,
             nonfinite=nonfinite))
 
-    with torch.no_grad(), autocast(pol, lower, model=model, modules=modules, recorder=record_policy,
+    with torch.no_grad(), autocast(policy, dtype, model=model, modules=modules, recorder=record_policy,
                                    engine="python"):
         output = _call(model, inputs)
 

@@ -287,8 +287,13 @@ class PrecisionEngine(TorchFunctionMode):
 
         if (self.recorder is not None or self.verbose is not None) and (
                 isinstance(out, (Tensor, list, tuple)) or any(isinstance(a, Tensor) for a in args)):
-            in_dtypes = tuple(short_name(d) for d in self._float_dtypes(args, kwargs, first_only=False, all_=True))
-            compute = short_name(target) if target is not None else (in_dtypes[0] if in_dtypes else "-")
+            in_dtypes = tuple(short_name(d) for d in
+                              self._float_dtypes(raw_args, raw_kwargs, first_only=False, all_=True))
+            if target is not None:
+                compute = short_name(target)
+            else:
+                ran = self._float_dtypes(args, kwargs, first_only=True, all_=True)
+                compute = short_name(ran[0]) if ran else "-"
             decision = Decision(path, info.name, index, in_dtypes, compute, rule, reason, casts)
             if self.verbose is not None:
                 self.verbose(decision)

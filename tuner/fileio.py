@@ -14,6 +14,9 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
     os.close(fd)
     try:
         write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file normal permissions
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -4,16 +4,21 @@ Data flow: model file (loader) -> policy/plan (policy, plan) -> engine (engine, 
 -> inspect (audit) / search (search, tune) -> outputs (outputs, checkpoint).
 """
 from .api import attach, autocast, convert, detach, revert
+from .checkpoint import load
 from .dtypes import parse_dtype
 from .engine import Decision, disable_casts
 from .errors import ConfigError, MptError, PlanMismatchError, UserCodeError
 from .plan import OpInstance, Plan
 from .policy import Policy, load_preset, preset_names, read_op_list
 
+from .tune import TuneOptions, TuneResult, tune
+from .audit import inspect_model
+
 __version__ = "0.1.0"
 
 __all__ = [
-    "autocast", "disable_casts", "convert", "revert", "attach", "detach",
+    "autocast", "disable_casts", "convert", "revert", "attach", "detach", "load", "tune", "TuneOptions",
+    "TuneResult", "inspect_model",
     "Plan", "OpInstance", "Policy", "Decision", "load_preset", "preset_names", "read_op_list", "parse_dtype",
     "MptError", "ConfigError", "UserCodeError", "PlanMismatchError",
 ]

@@ -1,199 +1,335 @@
-"""Loading the user's model file: `model.py` or `model.py:build_fn`, like uvicorn's `module:attr`.
+"""Load the user's model file: `build_model()`, `evaluate(model)` and optionally `example_inputs()`.
 
-The file defines build_model() -> nn.Module, evaluate(model) -> float and
-optionally example_inputs(). Problems in finding the code are ConfigError
-(bad usage); exceptions raised by the user's code are UserCodeError, pointing
-at the user's own file and line.
+The file is imported by path (not by module name) so `mpt tune path/to/model.py`
+works from any directory, and every call into it goes through `call_user`, so
+a failure in user code becomes a one-line UserCodeError pointing at the
+user's file and line rather than a traceback through torch and mpt.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import itertools
-import math
+import numbers
+import os
+import re
 import sys
+import threading
 import traceback
+import types
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Callable
 
 import torch
-from torch import nn
 
 from .errors import ConfigError, UserCodeError
 
-_COUNTER = itertools.count()
+__all__ = ["UserModel", "load_user_model", "call_user", "DEFAULT_BUILD", "DEFAULT_EVAL", "DEFAULT_INPUTS"]
 
+DEFAULT_BUILD = "build_model"
+DEFAULT_EVAL = "evaluate"
+DEFAULT_INPUTS = "example_inputs"
 
-def _user_frame(exc: BaseException, files: set[str]) -> str | None:
-    """file.py:LINE of the innermost traceback frame inside one of the user's files."""
-    where = None
-    for frame in traceback.extract_tb(exc.__traceback__):
-        if str(Path(frame.filename).resolve()) in files:
-            where = f"{Path(frame.filename).name}:{frame.lineno}"
-    if where is None and isinstance(exc, SyntaxError) and exc.filename:
-        where = f"{Path(exc.filename).name}:{exc.lineno}"
-    return where
+_MAX_MESSAGE = 300
 
-
-_USER_FILES: set[str] = set()
-
-
-def call_user(fn: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -> Any:
-    """Run user code; any Exception becomes a one-line UserCodeError naming the user's frame."""
-    try:
-        return fn(*args, **kwargs)
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except UserCodeError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the user's code may raise anything
-        first = (str(exc).strip().splitlines() or [""])[0]
-        msg = f"{what} raised {type(exc).__name__}" + (f": {first}" if first else "")
-        raise UserCodeError(msg, where=_user_frame(exc, _USER_FILES), original=exc) from None
-
-
-def _import_file(path: Path) -> ModuleType:
-    if not path.exists():
-        raise ConfigError(f"model file not found: {path}")
-    if path.is_dir():
-        raise ConfigError(f"{path} is a folder; expected a Python file (model.py)")
-    if path.suffix != ".py":
-        raise ConfigError(f"{path} is not a Python file (expected a .py file)")
-    resolved = str(path.resolve())
-    _USER_FILES.add(resolved)
-    name = f"mpt_user_{path.stem}_{next(_COUNTER)}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ConfigError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    folder = str(path.resolve().parent)
-    sys.path.insert(0, folder)
-    try:
-        spec.loader.exec_module(module)
-    except SyntaxError as exc:
-        sys.modules.pop(name, None)
-        raise UserCodeError(f"{path.name} is not valid Python: {exc.msg}",
-                            where=f"{path.name}:{exc.lineno}", original=exc) from None
-    except UnicodeDecodeError as exc:
-        sys.modules.pop(name, None)
-        raise ConfigError(f"{path} is not a text Python file") from None
-    except (KeyboardInterrupt, SystemExit):
-        sys.modules.pop(name, None)
-        raise
-    except Exception as exc:  # noqa: BLE001
-        sys.modules.pop(name, None)
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise UserCodeError(f"importing {path.name} raised {type(exc).__name__}" + (f": {first}" if first else ""),
-                            where=_user_frame(exc, _USER_FILES), original=exc) from None
-    finally:
-        try:
-            sys.path.remove(folder)
-        except ValueError:
-            pass
-    return module
-
-
-def _split(spec: str) -> tuple[str, str | None]:
-    if ":" in spec and not (len(spec) > 1 and spec[1] == ":" and spec.count(":") == 1):  # keep C:\\ paths
-        file, _, attr = spec.rpartition(":")
-        return file, attr or None
-    return spec, None
-
-
-def _lookup(module: ModuleType, attr: str, path: Path, role: str) -> Callable[..., Any]:
-    if not hasattr(module, attr):
-        found = sorted(n for n, v in vars(module).items()
-                       if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module.__name__)
-        hint = f"; found: {', '.join(found)}" if found else ""
-        raise ConfigError(f"{path.name} has no function {attr!r} ({role}){hint}")
-    fn = getattr(module, attr)
-    if not callable(fn):
-        raise ConfigError(f"{path.name}: {attr!r} is a {type(fn).__name__}, not a function ({role})")
-    return fn
-
-
-def _as_float(value: Any) -> float:
-    if isinstance(value, bool):
-        raise UserCodeError(f"evaluate returned a bool ({value}); expected a number")
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise UserCodeError(f"evaluate returned a tensor with {value.numel()} elements; expected one number")
-        return float(value.detach().cpu().item())
-    if hasattr(value, "item") and getattr(value, "size", 1) == 1 and not isinstance(value, (str, bytes)):
-        try:
-            return float(value.item())  # numpy scalars and 1-element arrays
-        except (TypeError, ValueError):
-            pass
-    raise UserCodeError(f"evaluate returned {type(value).__name__} {value!r:.40}; expected a number")
+# Files loaded by this module: a traceback frame in one of them is "the user's" (torch's and ours are not).
+_user_files: set[str] = set()
+_counter = itertools.count(1)
+_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
 class UserModel:
+    """The user's functions, each wrapped so that its failures and bad return values become UserCodeError.
+
+    `eval_fn` is None only when loaded with `require_eval=False` from a file
+    without an evaluate function; `inputs_fn` is None when there is no
+    example_inputs function.
+    """
+
     path: Path
     build_fn: Callable[[], Any]
     eval_fn: Callable[[Any], Any] | None
     inputs_fn: Callable[[], Any] | None
 
-    def build(self) -> nn.Module:
-        model = call_user(self.build_fn, what=f"{getattr(self.build_fn, '__name__', 'build_model')}()")
-        if not isinstance(model, nn.Module):
-            raise UserCodeError(f"{getattr(self.build_fn, '__name__', 'build_model')} returned "
-                                f"{type(model).__name__}, expected a torch.nn.Module")
+    def build(self) -> torch.nn.Module:
+        name = _fn_name(self.build_fn, DEFAULT_BUILD)
+        model = call_user(self.build_fn, what=name)
+        if not isinstance(model, torch.nn.Module):
+            raise UserCodeError(f"{name} returned {_describe(model)}, expected a torch.nn.Module",
+                                where=_definition_site(self.build_fn))
         return model
 
-    def evaluate(self, model: nn.Module) -> float:
+    def evaluate(self, model: Any) -> float:
+        """The metric as a float; NaN and inf are returned as is, since only the caller knows if they are fatal."""
         if self.eval_fn is None:
-            raise ConfigError(f"{self.path.name} defines no evaluate(model)")
-        value = call_user(self.eval_fn, model, what=f"{getattr(self.eval_fn, '__name__', 'evaluate')}(model)")
-        return _as_float(value)
+            raise ConfigError(f"{self.path.name} has no function '{DEFAULT_EVAL}'")
+        name = _fn_name(self.eval_fn, DEFAULT_EVAL)
+        value = call_user(self.eval_fn, model, what=name)
+        metric = _to_float(value)
+        if metric is None:
+            hint = " (missing `return`?)" if value is None else ""
+            raise UserCodeError(f"{name} returned {_describe(value)}, expected a single number{hint}",
+                                where=_definition_site(self.eval_fn))
+        return metric
 
     def example_inputs(self) -> tuple | None:
+        """Positional args for one forward call; a lone tensor or dict is wrapped as a 1-tuple."""
         if self.inputs_fn is None:
             return None
-        value = call_user(self.inputs_fn, what=f"{getattr(self.inputs_fn, '__name__', 'example_inputs')}()")
+        name = _fn_name(self.inputs_fn, DEFAULT_INPUTS)
+        value = call_user(self.inputs_fn, what=name)
         if isinstance(value, tuple):
             return value
-        if isinstance(value, list):
-            return tuple(value)
-        return (value,)  # a single tensor or dict is one positional argument
+        if isinstance(value, (torch.Tensor, dict)):
+            return (value,)
+        hint = " (use tuple(...) for positional args, or (x,) for one list argument)" if isinstance(value, list) else ""
+        raise UserCodeError(f"{name} returned {_describe(value)}, expected a tuple of positional args, "
+                            f"a tensor or a dict{hint}", where=_definition_site(self.inputs_fn))
 
 
 def load_user_model(spec: str, *, model: str | None = None, eval: str | None = None,  # noqa: A002
                     inputs: str | None = None, require_eval: bool = True) -> UserModel:
-    """Import `spec` (`file.py` or `file.py:build_fn`) and find build_model/evaluate/example_inputs.
+    """Import `spec` (`path.py` or `path.py:build_fn`) and pick its functions.
 
-    `model`, `eval`, `inputs` override the function names: `name` (same file)
-    or `other.py:name`.
+    `model`, `eval` and `inputs` override the function names: `name` looks in
+    the same file, `other.py:name` (or `other.py`, for the default name) in
+    another file, relative to the working directory or else to the model
+    file's folder. A default-named function that is absent is an error only
+    for build_model (and evaluate when `require_eval`); a name the user gave
+    must exist.
     """
-    file, build_attr = _split(spec)
-    path = Path(file)
-    module = _import_file(path)
-    modules: dict[str, ModuleType] = {str(path.resolve()): module}
+    path_text, build_name = _split_spec(spec)
+    path = _check_file(path_text, "model file")
+    if build_name is not None and model is not None and model != build_name:
+        raise ConfigError(f"the build function is given twice ({spec!r} and {model!r}); give one")
+    modules: dict[Path, types.ModuleType] = {path: _import_file(path)}
 
-    def resolve(ref: str | None, default: str, role: str, required: bool) -> Callable[..., Any] | None:
-        if ref is None:
-            if not required and not hasattr(module, default):
-                return None
-            return _lookup(module, default, path, role)
-        other_file, attr = _split(ref)
-        if attr is None:  # a bare name in the same file
-            return _lookup(module, other_file, path, role)
-        other = Path(other_file)
-        key = str(other.resolve())
-        if key not in modules:
-            modules[key] = _import_file(other)
-        return _lookup(modules[key], attr, other, role)
-
-    build_ref = model if model is not None else build_attr
-    build_fn = resolve(build_ref, "build_model", "the model builder", True)
-    eval_fn = resolve(eval, "evaluate", "the metric", require_eval)
-    inputs_fn = resolve(inputs, "example_inputs", "example inputs", inputs is not None)
+    build_fn = _pick(model if model is not None else build_name, DEFAULT_BUILD, "model", path, modules, True)
+    eval_fn = _pick(eval, DEFAULT_EVAL, "eval", path, modules, require_eval)
+    inputs_fn = _pick(inputs, DEFAULT_INPUTS, "inputs", path, modules, False)
     assert build_fn is not None
     return UserModel(path=path, build_fn=build_fn, eval_fn=eval_fn, inputs_fn=inputs_fn)
 
 
-__all__ = ["UserModel", "load_user_model", "call_user"]
+def call_user(fn: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -> Any:
+    """Run user code; any Exception becomes UserCodeError("<what> raised Type: msg") at the user's line.
+
+    KeyboardInterrupt and SystemExit pass through (they are not Exceptions),
+    and so does a UserCodeError from a nested call, which already says where.
+    """
+    try:
+        return fn(*args, **kwargs)
+    except UserCodeError:
+        raise
+    except Exception as exc:
+        files = set(_user_files)
+        own = _source_file(fn)
+        if own:
+            files.add(own)
+        raise UserCodeError(f"{what} raised {_exc_summary(exc)}", where=_user_frame(exc, files),
+                            original=exc) from exc
+
+
+# --- spec parsing and import -------------------------------------------------------------------------------
+
+def _split_spec(spec: str) -> tuple[str, str | None]:
+    """`path.py:name` -> (path, name); a colon that is part of the path (C:\\...) is left alone."""
+    head, sep, tail = spec.rpartition(":")
+    if not sep or not (tail.isidentifier() or head.lower().endswith(".py")):
+        return spec, None
+    if not tail.isidentifier():
+        raise ConfigError(f"{tail!r} in {spec!r} is not a valid function name")
+    if not head:
+        raise ConfigError(f"missing file name before ':' in {spec!r}")
+    return head, tail
+
+
+def _check_file(path_text: str, label: str, *, base: Path | None = None) -> Path:
+    path = Path(path_text).expanduser()
+    if not path.is_absolute() and not path.exists() and base is not None and (base / path).exists():
+        path = base / path
+    if not path.exists():
+        raise ConfigError(f"{label} not found: {path_text}")
+    if path.is_dir():
+        raise ConfigError(f"{label} is a directory, expected a .py file: {path_text}")
+    if path.suffix != ".py":
+        raise ConfigError(f"{label} must be a Python .py file: {path_text}")
+    path = path.resolve()
+    try:
+        head = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {label} {path_text}: {exc.strerror or exc}") from exc
+    if b"\x00" in head:
+        raise ConfigError(f"{label} is not Python source (it contains NUL bytes): {path_text}")
+    return path
+
+
+def _import_file(path: Path) -> types.ModuleType:
+    """Import one file under a fresh module name, with its folder first on sys.path so its siblings import."""
+    stem = re.sub(r"\W", "_", path.stem)
+    with _lock:
+        name = f"_mpt_user_{stem}_{next(_counter)}"
+        _user_files.add(_norm(str(path)))
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:  # pragma: no cover - .py files always get a loader
+        raise ConfigError(f"cannot import {path.name}")
+    module = importlib.util.module_from_spec(spec)
+    folder = str(path.parent)
+    sys.modules[name] = module  # dataclasses and pickle look the module up by name
+    sys.path.insert(0, folder)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        sys.modules.pop(name, None)
+        raise _syntax_error(exc, path) from exc
+    except UserCodeError:
+        sys.modules.pop(name, None)
+        raise
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        raise UserCodeError(f"importing {path.name} raised {_exc_summary(exc)}",
+                            where=_user_frame(exc, {_norm(str(path))}), original=exc) from exc
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    finally:
+        try:
+            sys.path.remove(folder)
+        except ValueError:  # the user's file removed it itself
+            pass
+    return module
+
+
+def _syntax_error(exc: SyntaxError, path: Path) -> UserCodeError:
+    bad = Path(exc.filename) if exc.filename and os.path.exists(exc.filename) else path
+    where = f"{bad.name}:{exc.lineno}" if exc.lineno else bad.name
+    prefix = "" if _norm(str(bad)) == _norm(str(path)) else f"importing {path.name}: "
+    return UserCodeError(f"{prefix}{bad.name} is not valid Python: {_one_line(exc.msg or str(exc))}",
+                         where=where, original=exc)
+
+
+def _pick(given: str | None, default: str, role: str, path: Path, modules: dict[Path, types.ModuleType],
+          required: bool) -> Callable[..., Any] | None:
+    """Resolve `name` or `file.py:name` (or `file.py`) to a callable; None if optional and absent."""
+    if given is None:
+        file, name, explicit = path, default, False
+    else:
+        if ":" in given or given.lower().endswith(".py"):
+            file_text, name_or_none = _split_spec(given)
+            if name_or_none is None and not file_text.lower().endswith(".py"):
+                raise ConfigError(f"{given!r} ({role}) is neither a function name nor FILE.py:NAME")
+            file = _check_file(file_text, f"{role} file", base=path.parent)
+            name = name_or_none or default
+        elif given.isidentifier():
+            file, name = path, given
+        else:
+            raise ConfigError(f"{given!r} ({role}) is not a valid function name or FILE.py:NAME")
+        explicit = True
+    module = modules.get(file)
+    if module is None:
+        module = modules[file] = _import_file(file)
+    if not hasattr(module, name):
+        if not explicit and not required:
+            return None
+        found = _defined_callables(module)
+        listing = ", ".join(found[:12]) + (", ..." if len(found) > 12 else "") if found else "no functions"
+        raise ConfigError(f"{file.name} has no function '{name}'; found: {listing}")
+    obj = getattr(module, name)
+    if not callable(obj):
+        raise ConfigError(f"{file.name}: '{name}' is {_describe(obj)}, not a function")
+    return obj
+
+
+def _defined_callables(module: types.ModuleType) -> list[str]:
+    """Public functions and classes defined in the module itself (not imported ones), in definition order."""
+    return [k for k, v in vars(module).items()
+            if not k.startswith("_") and callable(v) and getattr(v, "__module__", None) == module.__name__]
+
+
+# --- locating and describing failures ------------------------------------------------------------------------
+
+def _norm(filename: str) -> str:
+    return os.path.normcase(os.path.realpath(filename))
+
+
+def _user_frame(exc: BaseException, files: set[str]) -> str | None:
+    """`file.py:LINE` of the innermost traceback frame in one of `files`."""
+    where = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if frame.filename and not frame.filename.startswith("<") and _norm(frame.filename) in files:
+            where = f"{os.path.basename(frame.filename)}:{frame.lineno}"
+    return where
+
+
+def _source_file(fn: Any) -> str | None:
+    """The file a callable was defined in, through partials, bound methods and decorators."""
+    for _ in range(10):
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+        elif hasattr(fn, "__wrapped__"):
+            fn = fn.__wrapped__
+        elif hasattr(fn, "__func__"):
+            fn = fn.__func__
+        else:
+            break
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        call = getattr(type(fn), "__call__", None)
+        code = getattr(call, "__code__", None)
+    return _norm(code.co_filename) if code is not None and not code.co_filename.startswith("<") else None
+
+
+def _definition_site(fn: Any) -> str | None:
+    code = getattr(fn, "__code__", None)
+    if code is None or code.co_filename.startswith("<"):
+        return None
+    return f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}"
+
+
+def _fn_name(fn: Any, default: str) -> str:
+    name = getattr(fn, "__name__", None)
+    return name if isinstance(name, str) and name != "<lambda>" else default
+
+
+def _one_line(text: str) -> str:
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    if not lines:
+        return ""
+    first = lines[0] + (" [...]" if len(lines) > 1 else "")
+    return first if len(first) <= _MAX_MESSAGE else first[:_MAX_MESSAGE - 3] + "..."
+
+
+def _exc_summary(exc: BaseException) -> str:
+    msg = _one_line(str(exc))
+    return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+
+
+def _describe(value: Any) -> str:
+    """Name what a user function returned, briefly: `None`, `str ('abc')`, `a tensor with 2 elements (shape [2])`."""
+    if value is None:
+        return "None"
+    if isinstance(value, torch.Tensor):
+        return f"a tensor with {value.numel()} elements (shape {list(value.shape)}, {value.dtype})"
+    if hasattr(value, "shape") and hasattr(value, "size") and isinstance(getattr(value, "size"), int):
+        return f"an array with {value.size} elements (shape {list(value.shape)})"
+    shown = repr(value)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return f"{type(value).__name__} ({_one_line(shown)})"
+
+
+def _to_float(value: Any) -> float | None:
+    """A single real number as float (NaN/inf kept); None for anything else (bool included, since it is a bug)."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.is_complex() or value.dtype == torch.bool:
+            return None
+        return float(value.detach().reshape(()).item())
+    size = getattr(value, "size", None)
+    if isinstance(size, int) and hasattr(value, "item") and hasattr(value, "shape"):  # numpy scalar or array
+        if size != 1:
+            return None
+        value = value.item()
+    if isinstance(value, bool):
+        return None
+    return float(value) if isinstance(value, numbers.Real) else None

@@ -260,3 +260,24 @@ def test_bad_dtype_and_policy_are_config_errors():
         tuner.autocast(TORCHLIKE, "int8")
     with pytest.raises(ConfigError, match="both"):
         Policy("x", lower=frozenset({"linear"}), fp32=frozenset({"linear"}))
+
+
+@pytest.mark.parametrize("dtype,expected", [("bf16", BF16), ("bfloat16", BF16), (torch.bfloat16, BF16),
+                                            ("fp16", torch.float16), ("half", torch.float16),
+                                            (torch.float16, torch.float16)])
+def test_dtype_aliases(dtype, expected):
+    with tuner.autocast(TORCHLIKE, dtype):
+        assert nn.Linear(2, 2)(torch.randn(1, 2)).dtype == expected
+
+
+def test_torch_preset_fast_path_equals_engine_on_a_cnn():
+    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+    x = torch.randn(2, 1, 8, 8)
+    fast = tuner.autocast("torch-cpu")
+    assert fast.engine is None  # delegates to torch.autocast
+    with torch.no_grad():
+        with fast:
+            a = net(x)
+        with tuner.autocast("torch-cpu", engine="python"):
+            b = net(x)
+    assert a.dtype == b.dtype == BF16 and torch.equal(a, b)

@@ -89,6 +89,9 @@ CASES = [
     ("fp32", "adaptive_max_pool3d", F.adaptive_max_pool3d, (r(1, 1, 4, 4, 4, dtype=B), 2)),
     ("fp32", "grid_sampler", lambda x, grid: F.grid_sample(x, grid, align_corners=False), (r(1, 1, 4, 4, dtype=B), (torch.rand(1, 3, 3, 2, generator=g) * 2 - 1).to(B))),
     ("fp32", "polar", torch.polar, (pos(3).to(B), r(3, dtype=B))),
+    ("fp32", "reflection_pad2d", lambda x: F.pad(x, (1, 1, 1, 1), mode="reflect"), (r(1, 2, 4, 4, dtype=B),)),
+    ("fp32", "replication_pad1d", lambda x: F.pad(x, (2, 1), mode="replicate"), (r(1, 2, 5, dtype=B),)),
+    ("none", "pad-constant", lambda x: F.pad(x, (1, 1)), (r(2, 3, dtype=B),)),
     # promote list
     ("promote", "cat", lambda a, b: torch.cat([a, b]), (r(2, 3, dtype=B), r(2, 3))),
     ("promote", "stack", lambda a, b: torch.stack([a, b]), (r(2, 3, dtype=B), r(2, 3))),

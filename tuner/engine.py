@@ -220,7 +220,7 @@ class PrecisionEngine(TorchFunctionMode):
                          rule=rule, reason=reason,
                          clone=_unchecked_clone(func) if transparent else None)  # type: ignore[arg-type]
         info.fast = skip or (rule == PASSTHROUGH and not transparent and not self._need_index
-                             and not self.module_overrides)
+                             and not self.module_overrides and name != "pad")
         self._infos[func] = info
         return info
 
@@ -241,16 +241,18 @@ class PrecisionEngine(TorchFunctionMode):
                     TorchFunctionMode.__exit__(self, None, None, None)
                     active.discard(func)
 
-        rule, reason = info.rule, info.reason
+        rule, reason, name = info.rule, info.reason, info.name
+        if name == "pad":  # F.pad(mode="reflect"|"replicate") is reflection_pad*/replication_pad* in ATen
+            name, rule, reason = self._refine_pad(args, kwargs, rule, reason)
         path = self.tracker.current_path() if (self._need_index or self.module_overrides) else OUTSIDE
         index = 0
         if self._need_index:
-            key = (path, info.name)
+            key = (path, name)
             index = self._counts.get(key, 0)
             self._counts[key] = index + 1
         target: torch.dtype | None = None
         override = self._current_override[-1] if self.module_overrides else None
-        inst = self.instance_overrides.get((path, info.name, index)) if self.instance_overrides else None
+        inst = self.instance_overrides.get((path, name, index)) if self.instance_overrides else None
 
         if info.inplace or kwargs.get("out") is not None:
             what = "in-place" if info.inplace else "out="
@@ -294,12 +296,24 @@ class PrecisionEngine(TorchFunctionMode):
             else:
                 ran = self._float_dtypes(args, kwargs, first_only=True, all_=True)
                 compute = short_name(ran[0]) if ran else "-"
-            decision = Decision(path, info.name, index, in_dtypes, compute, rule, reason, casts)
+            decision = Decision(path, name, index, in_dtypes, compute, rule, reason, casts)
             if self.verbose is not None:
                 self.verbose(decision)
             if self.recorder is not None:
                 self.recorder(decision, func, args, kwargs, out, raw_args, raw_kwargs)
         return out
+
+    def _refine_pad(self, args: tuple, kwargs: dict, rule: str, reason: str) -> tuple[str, str, str]:
+        mode = kwargs.get("mode", args[2] if len(args) > 2 else "constant")
+        pad = kwargs.get("pad", args[1] if len(args) > 1 else ())
+        family = {"reflect": "reflection_pad", "replicate": "replication_pad"}.get(mode)
+        if family is None or not pad:
+            return "pad", rule, reason
+        name = f"{family}{len(pad) // 2}d"
+        new_rule, new_reason = self.policy.rule_for(name)
+        if new_rule == self.policy.unlisted:
+            return "pad", rule, reason
+        return name, new_rule, new_reason
 
     def _eligible(self, t: Tensor) -> bool:
         return t.is_floating_point() and t.dtype != _F64 and (self.device is None or t.device.type == self.device)

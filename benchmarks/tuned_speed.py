@@ -1,0 +1,194 @@
+"""Tuned-model checks: checkpoint size, loaded-model latency, and the tuner's own overhead.
+
+    .venv/bin/python benchmarks/tuned_speed.py [--rounds 7] [--block 0.4] [--quick]
+
+(a) Checkpoint size. An all-bf16 plan (Plan(dtype="bf16", preset="torch-cpu"),
+    no fallbacks) saved with tuner.checkpoint.save_checkpoint: file bytes vs
+    the FP32 state dict's bytes (fp32_bytes). Models: the TransformerEncoder of
+    engine_overhead.py, a small VGG-style CNN (benchmarks/_common.py), and
+    examples/digits_cnn.py when present. Target: <= 52%.
+
+(b) Loaded-model latency. The output folder (plan.yaml via Plan.save,
+    model.safetensors via save_checkpoint) is loaded into a freshly built FP32
+    model with tuner.checkpoint.load (engine "auto") and timed against
+    `with torch.autocast("cpu", torch.bfloat16): fp32_model(x)`, interleaved
+    (see engine_overhead.py; median of R rounds). Also shown: the FP32 model,
+    and the FP32 model with the plan attached (tuner.attach, no pre-cast
+    weights) to separate the effect of storing weights in bf16.
+    Target: loaded model no slower than torch.autocast (ratio <= 1.00; the
+    noise of the box is shown as the spread column, so a ratio within the
+    spread of 1.00 is a tie).
+
+(c) Tuner overhead. tuner.tune on PlantedTask(64, 2) and PlantedTask(256, 4):
+    (result.seconds - result.eval_seconds) / result.seconds, with a breakdown
+    of where the non-evaluation time goes (taken from tune's progress events).
+    Target: < 20%.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (ROOT, cnn_inputs, interleaved, machine_line, pass_fail, small_cnn, spread, table,  # noqa: E402
+                     transformer_encoder, transformer_inputs)
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+import tuner  # noqa: E402
+from tuner.checkpoint import CHECKPOINT_NAME, load, save_checkpoint  # noqa: E402
+from tuner.plan import Plan  # noqa: E402
+from tuner.testing import PlantedTask  # noqa: E402
+from tuner.tune import TuneEvent, TuneOptions, tune  # noqa: E402
+
+SIZE_TARGET = 0.52
+OVERHEAD_TARGET = 0.20
+PLAN = Plan(dtype="bf16", preset="torch-cpu")
+
+
+def digits_module():
+    path = ROOT / "examples" / "digits_cnn.py"
+    if not path.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location("mpt_bench_digits_cnn", path)
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    try:
+        spec.loader.exec_module(mod)  # type: ignore[union-attr]
+        mod.build_model()
+    except Exception as exc:  # noqa: BLE001 - missing weights or sklearn: skip, say why
+        print(f"(examples/digits_cnn.py skipped: {exc})")
+        return None
+    return mod
+
+
+def write_out_dir(model: nn.Module, inputs: tuple, out: Path) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    PLAN.save(out / "plan.yaml", header="benchmarks/tuned_speed.py: all-bf16 plan")
+    return save_checkpoint(model, PLAN, inputs, out / CHECKPOINT_NAME)
+
+
+def models() -> list[tuple[str, callable, dict[str, tuple]]]:
+    """(name, build fn, {input label: inputs})."""
+    found = [("TransformerEncoder", lambda: transformer_encoder(),
+              {"batch 1": transformer_inputs(1), "batch 64": transformer_inputs(64)}),
+             ("small CNN (VGG-style, 3x32x32)", lambda: small_cnn(), {"batch 8": cnn_inputs(8)})]
+    digits = digits_module()
+    if digits is not None:
+        x = digits.example_inputs()
+        _, _, x_test, _ = digits.load_split()
+        found.append(("examples/digits_cnn.py", digits.build_model,
+                      {f"batch {len(x[0])} (example_inputs)": x, "batch 256 (eval batch)": (x_test[:256].clone(),)}))
+    return found
+
+
+def part_a_b(rounds: int, block: float, tmp: Path) -> tuple[list, list]:
+    size_rows, lat_rows, size_checks, lat_checks = [], [], [], []
+    for name, build, inputs in models():
+        model = build().eval()
+        first_inputs = next(iter(inputs.values()))
+        out = tmp / name.replace("/", "_").replace(" ", "_")
+        info = write_out_dir(model, first_inputs, out)
+        share = info["bytes"] / info["fp32_bytes"]
+        n_params = sum(1 for _ in model.named_parameters())
+        size_rows.append([name, f"{info['fp32_bytes'] / 1e6:.3f}", f"{info['bytes'] / 1e6:.3f}", f"{share:.1%}",
+                          f"{info['lowered']}/{n_params}", pass_fail(share <= SIZE_TARGET)])
+        size_checks.append((name, share))
+
+        loaded = load(build().eval(), out)
+        attached = tuner.attach(copy.deepcopy(model), PLAN)
+        with torch.no_grad():
+            for label, x in inputs.items():
+                def ref(x=x) -> object:
+                    with torch.autocast("cpu", torch.bfloat16):
+                        return model(*x)
+
+                cfg = {"torch.autocast (FP32 weights)": ref,
+                       "mpt loaded checkpoint": lambda x=x: loaded(*x),
+                       "FP32 model + tuner.attach(plan)": lambda x=x: attached(*x),
+                       "fp32": lambda x=x: model(*x)}
+                same = torch.equal(cfg["mpt loaded checkpoint"]().float(), ref().float())
+                res = interleaved(cfg, rounds=rounds, block_seconds=block)
+                iters = int(res.pop("__iters__"))
+                per_round = interleaved.last_rounds  # type: ignore[attr-defined]
+                base = res["torch.autocast (FP32 weights)"]
+                for cname, secs in res.items():
+                    lat_rows.append([name, label, cname, f"{secs * 1e3:.3f}", f"{secs / base:.3f}x",
+                                     f"{spread(per_round[cname]):.0%}",
+                                     ("bitwise" if same else "differs") if cname == "mpt loaded checkpoint" else "",
+                                     f"{rounds}x{iters}"])
+                lat_checks.append((f"{name}, {label}", res["mpt loaded checkpoint"] / base,
+                                   spread(per_round["mpt loaded checkpoint"])))
+    print("\n### (a) Checkpoint size, all-bf16 plan (target <= 52% of FP32)\n")
+    print(table(["model", "FP32 MB", "checkpoint MB", "share", "params stored bf16", "result"], size_rows))
+    print("\n### (b) Loaded model vs torch.autocast on the FP32 model (median ms per forward, no_grad)\n")
+    print(table(["model", "input", "config", "ms/forward", "vs torch.autocast", "spread",
+                 "output vs autocast", "rounds x iters"], lat_rows))
+    return size_checks, lat_checks
+
+
+def part_c(tasks: list[tuple[int, int]]) -> list:
+    rows, checks = [], []
+    for n, k in tasks:
+        task = PlantedTask(n, k)
+        stamps: list[tuple[float, str]] = []
+
+        def on_event(e: TuneEvent) -> None:
+            stamps.append((time.monotonic(), e.kind))
+
+        t0 = time.monotonic()
+        result = tune(task.build, task.evaluate, task.example_inputs, TuneOptions(dtype="bf16", tolerance=0.01),
+                      on_event=on_event)
+        phases: dict[str, float] = {}
+        prev = t0
+        for t, kind in stamps:
+            phases[kind] = phases.get(kind, 0.0) + (t - prev)
+            prev = t
+        overhead = (result.seconds - result.eval_seconds) / result.seconds
+        # Phase ends: "baseline" (build + baseline eval), "candidates" (plain + recorded forward),
+        # "rank" (one forward per candidate), "trial" (each search evaluation), "done" (plan).
+        rank = phases.get("rank", 0.0)
+        trial_total = phases.get("trial", 0.0)
+        trial_evals = sum(t.seconds for t in result.trials[1:])
+        rows.append([f"PlantedTask({n}, {k})", len(result.candidates), result.evals, f"{result.seconds:.3f}",
+                     f"{result.eval_seconds:.3f}", f"{phases.get('candidates', 0.0):.3f}", f"{rank:.3f}",
+                     f"{trial_total - trial_evals:.3f}", f"{overhead:.1%}", pass_fail(overhead < OVERHEAD_TARGET)])
+        checks.append((n, k, overhead))
+    print("\n### (c) Tuner overhead: (seconds - eval_seconds) / seconds (target < 20%)\n")
+    print(table(["task", "candidates", "evals", "total s", "evaluate s", "candidates s", "ranking s",
+                 "trial bookkeeping s", "overhead", "result"], rows))
+    return checks
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--block", type=float, default=0.4, help="seconds per timed block (default 0.4)")
+    ap.add_argument("--quick", action="store_true", help="3 rounds of 0.1 s blocks (smoke run)")
+    args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.block = 3, 0.1
+    print("## tuned_speed: checkpoint size, loaded-model latency, tuner overhead")
+    print(machine_line())
+    with tempfile.TemporaryDirectory(prefix="mpt-bench-") as tmp:
+        size_checks, lat_checks = part_a_b(args.rounds, args.block, Path(tmp))
+    over_checks = part_c([(64, 2), (256, 4)])
+    rows = [[f"(a) {name}: checkpoint <= 52% of FP32", f"{share:.1%}", pass_fail(share <= SIZE_TARGET)]
+            for name, share in size_checks]
+    rows += [[f"(b) {name}: loaded <= torch.autocast", f"{ratio:.3f}x (spread {sp:.0%})",
+              pass_fail(ratio <= 1.0) + ("" if ratio <= 1.0 or ratio - 1.0 > sp else " (within noise)")]
+             for name, ratio, sp in lat_checks]
+    rows += [[f"(c) tune PlantedTask({n}, {k}): overhead < 20%", f"{o:.1%}", pass_fail(o < OVERHEAD_TARGET)]
+             for n, k, o in over_checks]
+    print("\n### Targets\n")
+    print(table(["target", "measured", "result"], rows))
+
+
+if __name__ == "__main__":
+    main()

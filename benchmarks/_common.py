@@ -59,17 +59,24 @@ def pass_fail(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
 
-def calibrate(fn: Callable[[], object], block_seconds: float) -> int:
-    """Iterations per timed block so one block takes about `block_seconds` (after warm-up)."""
-    for _ in range(2):
-        fn()
+def calibrate(fn: Callable[[], object], block_seconds: float, warmup_seconds: float = 0.5) -> int:
+    """Iterations per timed block so one block takes about `block_seconds`.
+
+    Runs `fn` for `warmup_seconds` first (this VM stalls for up to a second
+    or two while fresh memory is paged in, mostly early in a process), then
+    uses the median of single-call times, so one stall does not set the count.
+    """
     t0 = time.perf_counter()
     n = 0
-    while time.perf_counter() - t0 < 0.2 or n < 2:
+    while time.perf_counter() - t0 < warmup_seconds or n < 3:
         fn()
         n += 1
-    per = (time.perf_counter() - t0) / n
-    return max(1, int(round(block_seconds / per)))
+    times = []
+    for _ in range(7):
+        t1 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t1)
+    return max(1, int(round(block_seconds / statistics.median(times))))
 
 
 def interleaved(configs: dict[str, Callable[[], object]], *, rounds: int = 7, block_seconds: float = 0.25,
@@ -97,9 +104,16 @@ def interleaved(configs: dict[str, Callable[[], object]], *, rounds: int = 7, bl
 
 
 def spread(values: list[float]) -> float:
-    """(max - min) / median, for reporting noise."""
+    """Interquartile range / median of the per-round values: the round-to-round noise.
+
+    Robust to a single stalled round (this VM pauses for a second or two now
+    and then); the median it is relative to is robust to up to half of them.
+    """
+    if len(values) < 2:
+        return 0.0
+    q = statistics.quantiles(values, n=4, method="inclusive")
     med = statistics.median(values)
-    return (max(values) - min(values)) / med if med else 0.0
+    return (q[2] - q[0]) / med if med else 0.0
 
 
 # ----- reference models ----------------------------------------------------------------

@@ -116,3 +116,18 @@ def test_options_validation_reports_all_problems():
     assert "dtype" in msg and "tolerance" in msg and "max_evals" in msg
     with pytest.raises(ConfigError, match="did you mean"):
         TuneOptions(preset="torch-cpux")
+
+
+def test_library_call_takes_a_module_and_a_tensor_metric():
+    task = PlantedTask(16, 1)
+    seen = {"n": 0}
+
+    def evaluate(model):
+        seen["n"] += 1
+        if seen["n"] == 2:
+            raise RuntimeError("out of memory in trial")
+        return torch.tensor(task.evaluate(model))
+
+    result = tune(task.build(), evaluate, task.example_inputs(), TuneOptions())
+    assert result.status == "ok" and "out of memory" in (result.trials[1].error or "")
+    assert {i.label() for i in result.plan.fp32_instances} == task.build().fragile_labels()

@@ -140,15 +140,28 @@ class _InputRecorder:
         self.handle.remove()
 
 
-def tune(build: Callable[[], nn.Module], evaluate: Callable[[nn.Module], float],
-         example_inputs: Callable[[], tuple] | tuple | None, options: TuneOptions, *,
+def _to_float(value: Any) -> float:
+    if isinstance(value, torch.Tensor):
+        return float(value.detach().cpu().item())
+    return float(value)
+
+
+def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Module], Any],
+         example_inputs: Callable[[], tuple] | tuple | None = None, options: TuneOptions | None = None, *,
          journal: Journal | None = None, on_event: Callable[[TuneEvent], None] | None = None) -> TuneResult:
     """Find the op instances that must stay FP32 for `evaluate(model)` to stay within tolerance.
 
-    `evaluate` must return a float (use tuner.loader.UserModel.evaluate to
-    wrap user code). Trials whose metric is NaN or whose evaluate raises
-    UserCodeError fail; the baseline raising propagates.
+    `build` is the FP32 model or a function that builds it; `evaluate(model)`
+    returns the metric (a number or a one-element tensor). A trial whose
+    metric is NaN/inf or whose evaluate raises fails and the search moves on;
+    the baseline raising propagates. Like INC's `autotune(model, config, eval_fn)`.
     """
+    options = options or TuneOptions()
+    if isinstance(build, nn.Module):
+        import copy
+
+        template = build
+        build = lambda: copy.deepcopy(template)  # noqa: E731
     emit = on_event or (lambda e: None)
     t_start = time.monotonic()
     dtype = parse_dtype(options.dtype)
@@ -167,7 +180,7 @@ def tune(build: Callable[[], nn.Module], evaluate: Callable[[nn.Module], float],
         from_journal = True
     else:
         t0 = time.monotonic()
-        baseline = evaluate(model)
+        baseline = _to_float(evaluate(model))
         secs = time.monotonic() - t0
         from_journal = False
         if baseline is None or not math.isfinite(baseline):
@@ -250,9 +263,11 @@ def tune(build: Callable[[], nn.Module], evaluate: Callable[[nn.Module], float],
             error = None
             metric: float | None
             try:
-                metric = evaluate(model)
+                metric = _to_float(evaluate(model))
             except UserCodeError as exc:
                 metric, error = None, str(exc)
+            except Exception as exc:  # noqa: BLE001 - a failed trial, not a crash
+                metric, error = None, f"evaluate raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             finally:
                 detach(model)
             secs = time.monotonic() - t0

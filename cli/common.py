@@ -13,8 +13,13 @@ from . import exitcodes
 from .render import err
 
 
-class Interrupted(Exception):
-    """Raised from a SIGTERM handler so cleanup runs like for Ctrl-C."""
+class Interrupted(BaseException):
+    """Raised from a SIGTERM handler so cleanup runs like for Ctrl-C.
+
+    A BaseException, like KeyboardInterrupt, so that `except Exception` in
+    mpt or in the user's code (call_user turns Exceptions into failed trials)
+    does not swallow it.
+    """
 
 
 def _sigterm(signum: int, frame: Any) -> None:
@@ -71,6 +76,44 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
                 signal.signal(signal.SIGTERM, previous)
 
     return wrapper
+
+
+class ConfigUsageError(click.ClickException):
+    """A bad --config file: printed as `mpt: error: ...` (every problem listed), exit code 2."""
+
+    exit_code = exitcodes.USAGE
+
+    def show(self, file: Any = None) -> None:
+        err(self.format_message())
+
+
+def config_option(command: str, params: dict[str, str] | None = None) -> Callable[..., Any]:
+    """`--config FILE`: an eager option whose callback loads the YAML into click's default_map.
+
+    Keys are the option names (tuner.config.KEYS); `params` maps a key to the
+    command's parameter name where they differ (`model` -> `model_file`).
+    Values given on the command line win over the file, which wins over the
+    defaults. Paths in the file are relative to the file's folder.
+    """
+    mapping = dict(params or {})
+
+    def callback(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        if not value or ctx.resilient_parsing:
+            return value
+        from tuner.config import load_config
+        from tuner.errors import ConfigError
+
+        try:
+            values = load_config(value, command=command)
+        except ConfigError as exc:
+            raise ConfigUsageError(str(exc)) from None
+        ctx.default_map = {**(ctx.default_map or {}), **{mapping.get(k, k): v for k, v in values.items()}}
+        return value
+
+    return click.option("--config", "config_path", default=None, metavar="FILE", is_eager=True, callback=callback,
+                        help="YAML config: keys are the long option names (max_evals, lower_is_better, ...), "
+                             "model for the model file, plus version: 1. Paths in it are relative to the file; "
+                             "flags on the command line win.")
 
 
 def dtype_option(default: str | None = "bf16") -> Callable[..., Any]:

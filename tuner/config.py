@@ -102,12 +102,12 @@ def _resolve(base: Path, text: str) -> str:
     return os.path.normpath(os.path.join(str(base), path))
 
 
-def _resolve_spec(base: Path, text: str) -> str:
-    """`file.py[:name]` gets its file part resolved; a bare function name stays as it is."""
+def _resolve_spec(base: Path, text: str, *, is_file: bool) -> str:
+    """`file.py[:name]` gets its file part resolved; a bare function name (eval, inputs) stays as it is."""
     head, sep, tail = text.rpartition(":")
-    if sep and head.lower().endswith(".py") and tail.isidentifier():
+    if sep and head and tail.isidentifier() and (is_file or head.lower().endswith(".py")):
         return f"{_resolve(base, head)}:{tail}"
-    if text.lower().endswith(".py") or "/" in text or os.sep in text:
+    if is_file or text.lower().endswith(".py"):
         return _resolve(base, text)
     return text
 
@@ -122,8 +122,7 @@ def _check_value(name: str, key: Key, value: Any, base: Path) -> tuple[Any, str 
         if key.kind == "path":
             return _resolve(base, value), None
         if key.kind == "spec":
-            return (_resolve_spec(base, value) if name == "model" or ":" in value or value.endswith(".py")
-                    else value), None
+            return _resolve_spec(base, value, is_file=name == "model"), None
         if key.kind == "preset":
             from .policy import preset_names
 

@@ -195,7 +195,8 @@ class PrecisionEngine(TorchFunctionMode):
 
     # ----- context -------------------------------------------------------------
     def __enter__(self) -> "PrecisionEngine":
-        self.tracker.install()
+        if self._need_index or self.module_overrides:  # module paths are only needed then
+            self.tracker.install()
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import functools
+import os
 import signal
 import sys
 import traceback
+from pathlib import Path
 from typing import Any, Callable
 
 import click
@@ -131,3 +133,64 @@ def user_code_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--model", "model_fn", metavar="NAME|FILE.py:NAME",
                       help="Model builder build_model() -> nn.Module (default: build_model).")(fn)
     return fn
+
+
+# --- what plan.yaml's header says about the model, for `mpt check` ---------------------------------------------
+HEADER_FIELDS = ("model", "build", "eval", "inputs")
+
+
+def _relative_to(path: Path, folder: Path) -> str:
+    """`path` relative to `folder` when they share more than the file-system root, else absolute."""
+    path, folder = path.resolve(), folder.resolve()
+    if os.path.commonpath([str(path), str(folder)]) == path.anchor:
+        return path.as_posix()
+    return Path(os.path.relpath(path, folder)).as_posix()
+
+
+def _function_spec(given: str | None, model_path: Path, out: Path) -> str | None:
+    """A --model/--eval/--inputs value with its file part (if any) made relative to `out`."""
+    if given is None:
+        return None
+    head, sep, tail = given.rpartition(":")
+    file_text, name = (head, tail) if sep and head.lower().endswith(".py") else (given, "")
+    if not file_text.lower().endswith(".py"):
+        return given
+    candidate = Path(file_text).expanduser()
+    if not candidate.is_absolute() and not candidate.exists() and (model_path.parent / candidate).exists():
+        candidate = model_path.parent / candidate
+    return _relative_to(candidate, out) + (f":{name}" if name else "")
+
+
+def plan_header_spec(user: Any, out: Path, *, model_fn: str | None, eval_fn: str | None,
+                     inputs_fn: str | None) -> str:
+    """Header lines for plan.yaml: `model: PATH[:build_fn]` relative to the output folder, then any
+    `build:`/`eval:`/`inputs:` the user named, so `mpt check DIR` can rebuild the same model."""
+    from tuner.loader import DEFAULT_BUILD
+
+    spec = _relative_to(Path(user.path), out)
+    build_name = getattr(user.build_fn, "__name__", DEFAULT_BUILD)
+    if model_fn is None and build_name != DEFAULT_BUILD:
+        spec += f":{build_name}"
+    lines = [spec]
+    for key, given in (("build", model_fn), ("eval", eval_fn), ("inputs", inputs_fn)):
+        value = _function_spec(given, Path(user.path), out)
+        if value is not None:
+            lines.append(f"{key}: {value}")
+    return "\n".join(lines)
+
+
+def read_plan_header(plan_file: Path) -> dict[str, str]:
+    """The `# model: ...`, `# build: ...`, `# eval: ...`, `# inputs: ...` lines `mpt tune` wrote, paths as
+    written (relative to the plan's folder)."""
+    found: dict[str, str] = {}
+    try:
+        with open(plan_file, encoding="utf-8") as fh:
+            for line in fh:
+                if not line.startswith("#"):
+                    break
+                key, sep, value = line[1:].strip().partition(":")
+                if sep and key.strip() in HEADER_FIELDS and key.strip() not in found and value.strip():
+                    found[key.strip()] = value.strip()
+    except (OSError, UnicodeDecodeError):
+        pass
+    return found

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from .common import dtype_option, guarded, user_code_options
+from .common import config_option, dtype_option, guarded, user_code_options
 from .render import console, fmt_err, is_tty
 
 EPILOG = """\b
@@ -15,25 +15,36 @@ Examples:
   mpt inspect examples/digits_cnn.py                    # torch-cpu preset, bf16
   mpt inspect examples/digits_cnn.py --preset hmp --top 20
   mpt inspect model.py --plan mpt-out/plan.yaml --json > ops.json
+  mpt inspect model.py --lower-list bf16_ops.txt --fp32-list fp32_ops.txt
+  mpt inspect --config configs/digits_sensor.yaml
 """
+
+# Config keys whose parameter has another name here (tuner.config.KEYS lists the keys).
+CONFIG_PARAMS = {"model": "model_file", "plan": "plan_path", "module": "module_overrides", "json": "as_json",
+                 "eval": "eval_fn", "inputs": "inputs_fn"}
 
 
 @click.command("inspect", epilog=EPILOG)
-@click.argument("model_file", metavar="MODEL.py[:build_fn]")
+@click.argument("model_file", metavar="MODEL.py[:build_fn]", required=False)
 @click.option("--preset", default=None, metavar="NAME", help="Preset to apply (see `mpt presets`). Default: torch-cpu.")
 @click.option("--plan", "plan_path", default=None, metavar="FILE|DIR",
               help="Plan to apply: a plan.yaml or a `mpt tune` output folder.")
 @dtype_option(default=None)
 @click.option("--module", "module_overrides", multiple=True, metavar="PATH=DTYPE",
               help="Per-module override, e.g. --module 'encoder.layers.0.*=fp32'. Repeatable.")
+@click.option("--lower-list", default=None, metavar="FILE",
+              help="Op-list file (one op per line, HMP/Gaudi format, or YAML) replacing the preset's "
+                   "lower-precision list.")
+@click.option("--fp32-list", default=None, metavar="FILE", help="Op-list file replacing the preset's FP32 list.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (records + summary) for scripts.")
 @click.option("--top", type=int, default=None, metavar="N", help="Show only the N calls with the largest error.")
-@click.option("--config", "config_path", default=None, metavar="FILE", help="YAML config (keys = option names).")
+@config_option("inspect", CONFIG_PARAMS)
 @user_code_options
 @guarded
-def inspect_cmd(model_file: str, preset: str | None, plan_path: str | None, dtype: str | None,
-                module_overrides: tuple[str, ...], as_json: bool, top: int | None, config_path: str | None,
-                model_fn: str | None, eval_fn: str | None, inputs_fn: str | None) -> None:
+def inspect_cmd(model_file: str | None, preset: str | None, plan_path: str | None, dtype: str | None,
+                module_overrides: tuple[str, ...], lower_list: str | None, fp32_list: str | None, as_json: bool,
+                top: int | None, config_path: str | None, model_fn: str | None, eval_fn: str | None,
+                inputs_fn: str | None) -> None:
     """Show what precision each op call runs in, why, and how much error it adds.
 
     Runs example_inputs() once in FP32 and once under the policy, and lists for
@@ -47,13 +58,19 @@ def inspect_cmd(model_file: str, preset: str | None, plan_path: str | None, dtyp
     from tuner.errors import ConfigError
     from tuner.loader import load_user_model
 
-    if config_path:
-        from tuner.config import apply_config
-
-        values = apply_config(config_path, "inspect", click.get_current_context())
-        model_file = values.get("model", model_file)
+    if not model_file:
+        raise ConfigError("missing MODEL.py: give it as the argument or as `model:` in --config")
+    ctx = click.get_current_context()
     if preset and plan_path:
-        raise ConfigError("give --preset or --plan, not both")
+        from click.core import ParameterSource
+
+        if ctx.get_parameter_source("preset") is ParameterSource.DEFAULT_MAP and \
+                ctx.get_parameter_source("plan_path") is ParameterSource.COMMANDLINE:
+            preset = None  # --plan on the command line wins over the config's preset
+        else:
+            raise ConfigError("give --preset or --plan, not both")
+    if plan_path and (lower_list or fp32_list):
+        raise ConfigError("--lower-list/--fp32-list change a preset's lists; they cannot be combined with --plan")
     mods: dict[str, str] = {}
     for item in module_overrides:
         if "=" not in item:
@@ -66,6 +83,10 @@ def inspect_cmd(model_file: str, preset: str | None, plan_path: str | None, dtyp
         raise ConfigError(f"{user.path.name} defines no example_inputs(); add one or pass --inputs NAME")
     model = user.build()
     policy: Any = plan_path if plan_path else (preset or "torch-cpu")
+    if lower_list or fp32_list:
+        from tuner.policy import custom_policy, load_preset
+
+        policy = custom_policy(load_preset(policy), lower_file=lower_list, fp32_file=fp32_list)
     result = inspect_model(model, inputs, policy, dtype, modules=mods or None)
     records = result.records
     shown = sorted(records, key=lambda r: -(r.error or 0.0))[:top] if top else records
@@ -83,13 +104,18 @@ def inspect_cmd(model_file: str, preset: str | None, plan_path: str | None, dtyp
     if is_tty():
         from rich.table import Table
 
-        table = Table(title=f"mpt inspect: {user.path.name}", show_lines=False)
-        for col in ("module", "op", "inputs", "computed", "output", "rule", "error", "local"):
-            table.add_column(col, justify="right" if col in ("error", "local") else "left")
+        table = Table(title=f"mpt inspect: {user.path.name}", show_lines=False, pad_edge=False)
+        table.add_column("module", no_wrap=True, overflow="ellipsis", max_width=32)
+        table.add_column("op", no_wrap=True)
+        table.add_column("in > ran > out", no_wrap=True)
+        table.add_column("error", justify="right", no_wrap=True)
+        table.add_column("local", justify="right", no_wrap=True)
+        table.add_column("rule", overflow="fold")
         for r in shown:
             style = "red" if r.nonfinite else ("cyan" if r.dtype in ("bf16", "fp16") else None)
-            table.add_row(r.module or "(root)", f"{r.op}#{r.index}", ",".join(r.input_dtypes) or "-", r.dtype,
-                          r.output_dtype, r.reason, fmt_err(r.error), fmt_err(r.local_error), style=style)
+            flow = f"{','.join(dict.fromkeys(r.input_dtypes)) or '-'} > {r.dtype} > {r.output_dtype}"
+            table.add_row(r.module or "(root)", f"{r.op}#{r.index}", flow, fmt_err(r.error, 1),
+                          fmt_err(r.local_error, 1), r.reason, style=style)
         out.print(table)
     else:
         out.print(f"{'module':30} {'op':28} {'inputs':16} {'computed':8} {'output':6} {'error':>9} {'local':>9}  rule")

@@ -24,11 +24,11 @@ def warn(message: str) -> None:
     print(f"mpt: warning: {message}", file=sys.stderr)
 
 
-def fmt_err(value: float | None) -> str:
+def fmt_err(value: float | None, digits: int = 2) -> str:
     if value is None:
         return "-"
     if value != value:
         return "nan"
     if value == float("inf"):
         return "inf"
-    return f"{value:.2e}"
+    return f"{value:.{digits}e}"

@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from . import exitcodes
-from .common import dtype_option, guarded, user_code_options
+from .common import config_option, dtype_option, guarded, plan_header_spec, user_code_options
 from .render import console, is_tty, warn
 
 EPILOG = """\b
@@ -23,6 +23,10 @@ Outputs in --out: plan.yaml, lower_precision_ops.txt, fp32_ops.txt,
 model.safetensors, report.json, search.html, journal.jsonl.
 Load the result with tuner.load(build_model(), "mpt-out").
 """
+
+
+# Config keys whose parameter has another name here (tuner.config.KEYS lists the keys).
+CONFIG_PARAMS = {"model": "model_file", "out": "out_dir", "eval": "eval_fn", "inputs": "inputs_fn"}
 
 
 class _Renderer:
@@ -90,8 +94,7 @@ class _Renderer:
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--thorough", is_flag=True, help="Prove every FP32 instance necessary (more evaluations).")
 @click.option("--quiet", "-q", is_flag=True, help="Only the final verdict.")
-@click.option("--config", "config_path", default=None, metavar="FILE",
-              help="YAML config; keys are these option names (flags on the command line win).")
+@config_option("tune", CONFIG_PARAMS)
 @user_code_options
 @guarded
 def tune_cmd(model_file: str | None, dtype: str, preset: str | None, tolerance: float, absolute: bool,
@@ -113,19 +116,8 @@ def tune_cmd(model_file: str | None, dtype: str, preset: str | None, tolerance: 
     from tuner.devices import check_device
 
     ctx = click.get_current_context()
-    if config_path:
-        from tuner.config import apply_config
-
-        values = apply_config(config_path, "tune", ctx)
-        model_file = values.get("model", model_file)
-        dtype, preset, tolerance = values.get("dtype", dtype), values.get("preset", preset), values.get("tolerance", tolerance)
-        absolute, lower_is_better = values.get("absolute", absolute), values.get("lower_is_better", lower_is_better)
-        max_evals, time_budget = values.get("max_evals", max_evals), values.get("time_budget", time_budget)
-        out_dir, resume = values.get("out", out_dir), values.get("resume", resume)
-        overwrite, device, thorough = values.get("overwrite", overwrite), values.get("device", device), values.get("thorough", thorough)
-        model_fn, eval_fn, inputs_fn = values.get("model_fn", model_fn), values.get("eval_fn", eval_fn), values.get("inputs_fn", inputs_fn)
     if not model_file:
-        raise ConfigError("missing MODEL.py (or `model:` in --config)")
+        raise ConfigError("missing MODEL.py: give it as the argument or as `model:` in --config")
     if resume and overwrite:
         raise ConfigError("give --resume or --overwrite, not both")
     options = TuneOptions(dtype=dtype, preset=preset, tolerance=tolerance, absolute=absolute,
@@ -145,7 +137,9 @@ def tune_cmd(model_file: str | None, dtype: str, preset: str | None, tolerance: 
     result = tune(user.build, user.evaluate, inputs, options, journal=journal, on_event=renderer)
     if speed_warning:
         result.warnings.append(speed_warning)
-    report = write_outputs(result, user.build, out, device=device, model_file=str(user.path.name))
+    # plan.yaml's header records the model file (relative to --out) and function names for `mpt check`.
+    header_spec = plan_header_spec(user, out, model_fn=model_fn, eval_fn=eval_fn, inputs_fn=inputs_fn)
+    report = write_outputs(result, user.build, out, device=device, model_file=header_spec)
     out_console = console()
     for note in result.notes:
         out_console.print(f"note: {note}")

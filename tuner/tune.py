@@ -24,7 +24,7 @@ from .flops import op_flops
 from .journal import Journal
 from .plan import OpInstance, Plan
 from .policy import load_preset
-from .search import FallbackSearch
+from .search import FallbackSearch, SearchOutcome
 
 DEFAULT_PRESET = {"cpu": "torch-cpu", "cuda": "torch-cuda"}
 
@@ -230,23 +230,28 @@ def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Modu
                    f"all-{options.dtype} output error {relative_error(low_out, ref_out) or 0:.2e}",
                    total=len(candidates)))
 
-    # 3. Rank: final-output error with only that instance in the lower precision.
+    # 3. Rank (only when the all-low trial failed): final-output error with only that instance low.
     scores: dict[OpInstance, float] = {}
-    all_fp32 = {c.key(): torch.float32 for c in candidates}
-    with torch.no_grad():
-        for n, cand in enumerate(candidates):
-            overrides = dict(all_fp32)
-            overrides[cand.key()] = dtype
-            with PrecisionEngine(policy, dtype, root=model, instance_overrides=overrides):
-                out = model(*inputs)
-            err = relative_error(out, ref_out)
-            scores[cand] = float("inf") if err is None or not math.isfinite(err) else err
-            emit(TuneEvent("rank", cand.label(), done=n + 1, total=len(candidates)))
-    ranked = sorted(range(len(candidates)), key=lambda i: (-scores[candidates[i]], i))
+
+    def rank() -> list[int]:
+        all_fp32 = {c.key(): torch.float32 for c in candidates}
+        with torch.no_grad():
+            for n, cand in enumerate(candidates):
+                overrides = dict(all_fp32)
+                overrides[cand.key()] = dtype
+                with PrecisionEngine(policy, dtype, root=model, instance_overrides=overrides):
+                    out = model(*inputs)
+                err = relative_error(out, ref_out)
+                scores[cand] = float("inf") if err is None or not math.isfinite(err) else err
+                emit(TuneEvent("rank", cand.label(), done=n + 1, total=len(candidates)))
+        return sorted(range(len(candidates)), key=lambda i: (-scores[candidates[i]], i))
 
     # 4. Search with full evaluations.
+    memo: dict[frozenset[int], bool] = {}
     def run_trial(fp32_idx: frozenset[int], label: str) -> bool:
         nonlocal eval_seconds, count
+        if fp32_idx in memo:  # asked again by the search: already counted and reported
+            return memo[fp32_idx]
         fp32 = frozenset(candidates[i] for i in fp32_idx)
         key = _key(fp32)
         share = (len(candidates) - len(fp32)) / total_calls
@@ -284,20 +289,28 @@ def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Modu
         count += 1
         trials.append(trial)
         emit(TuneEvent("trial", trial=trial, done=count))
+        memo[fp32_idx] = trial.passed
         return trial.passed
 
     def test(fp32_idx: frozenset[int]) -> bool:
         if not fp32_idx:
             label = f"all eligible in {options.dtype}"
         else:
-            names = [candidates[i].label() for i in sorted(fp32_idx, key=ranked.index)]
+            names = [candidates[i].label() for i in sorted(fp32_idx, key=lambda i: (-scores.get(candidates[i], 0), i))]
             label = f"{len(names)} in FP32: " + ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
         return run_trial(fp32_idx, label)
 
-    search = FallbackSearch(ranked, [scores[candidates[i]] for i in ranked], test,
-                            max_evals=options.max_evals, time_budget=options.time_budget,
-                            thorough=options.thorough, evals_used=lambda: count)
-    outcome = search.run()
+
+    if test(frozenset()):  # everything eligible in the lower precision passes: no ranking needed
+        outcome = SearchOutcome(frozenset(), count, None, ["everything eligible passes in the lower precision"])
+    elif options.max_evals is not None and count >= options.max_evals:
+        outcome = SearchOutcome(None, count, f"--max-evals {options.max_evals} reached")
+    else:
+        ranked = rank()
+        search = FallbackSearch(ranked, [scores[candidates[i]] for i in ranked], test,
+                                max_evals=options.max_evals, time_budget=options.time_budget,
+                                thorough=options.thorough, evals_used=lambda: count)
+        outcome = search.run()
 
     best_trial = None
     if outcome.fp32 is not None:

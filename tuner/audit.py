@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from .api import PolicyLike, autocast
 from .dtypes import LOWER_DTYPES, parse_dtype, short_name
 from .engine import Decision
-from .flops import op_flops
+from .flops import first_tensor, op_flops
 
 _LOWER_NAMES = {short_name(d) for d in LOWER_DTYPES}
 
@@ -70,25 +70,9 @@ class InspectResult:
         return {"records": [asdict(r) for r in self.records], "summary": asdict(self.summary)}
 
 
-def _first_tensor(x: Any) -> Tensor | None:
-    if isinstance(x, Tensor):
-        return x
-    if isinstance(x, (list, tuple)):
-        for item in x:
-            t = _first_tensor(item)
-            if t is not None:
-                return t
-    if isinstance(x, Mapping):
-        for item in x.values():
-            t = _first_tensor(item)
-            if t is not None:
-                return t
-    return None
-
-
 def relative_error(out: Any, ref: Any) -> float | None:
     """‖out − ref‖ / ‖ref‖ on the first floating tensor of each (None when not comparable)."""
-    a, b = _first_tensor(out), _first_tensor(ref)
+    a, b = first_tensor(out), first_tensor(ref)
     if a is None or b is None or a.shape != b.shape or not a.is_floating_point() or not b.is_floating_point():
         return None
     a64, b64 = a.detach().double(), b.detach().double()
@@ -159,7 +143,7 @@ def inspect_model(model: nn.Module, inputs: tuple, policy: PolicyLike = "torch-c
                     local = relative_error(shadow, ref)
             except Exception:  # an op that cannot be replayed simply has no local error
                 local = None
-        o = _first_tensor(out)
+        o = first_tensor(out)
         nonfinite = bool(o is not None and o.is_floating_point() and not torch.isfinite(o).all().item())
         records.append(OpRecord(
             module=d.module, op=d.op, index=d.index, input_dtypes=d.in_dtypes, dtype=d.compute,
@@ -177,7 +161,7 @@ def inspect_model(model: nn.Module, inputs: tuple, policy: PolicyLike = "torch-c
     lower_flops = sum(r.flops for r in lower_calls)
     first_bad = next((r.label for r in records if r.nonfinite
                       and (ref_out.get((r.module, r.op, r.index)) is None
-                           or bool(torch.isfinite(_first_tensor(ref_out[(r.module, r.op, r.index)])).all()))), None)
+                           or bool(torch.isfinite(first_tensor(ref_out[(r.module, r.op, r.index)])).all()))), None)
     summary = InspectSummary(
         calls=len(float_calls), lower_calls=len(lower_calls),
         lower_call_share=len(lower_calls) / len(float_calls) if float_calls else 0.0,

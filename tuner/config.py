@@ -175,8 +175,9 @@ def _unknown(key: Any) -> str:
     underscored = text.replace("-", "_")
     if underscored in KEYS and underscored != text:
         return f"{text}: unknown key; config keys use underscores: write {underscored!r}"
-    near = difflib.get_close_matches(underscored, list(KEYS), n=1, cutoff=0.6)
-    hint = f"; did you mean {near[0]!r}?" if near else f"; valid keys: {', '.join(sorted(KEYS))}"
+    near = difflib.get_close_matches(underscored, list(KEYS), n=2, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else \
+        f"; valid keys: {', '.join(sorted(KEYS))}"
     return f"{text}: unknown key{hint}"
 
 

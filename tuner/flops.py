@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Mapping
 
 from torch import Tensor
 
@@ -12,14 +12,15 @@ MATMUL_OPS = frozenset({"linear", "matmul", "__matmul__", "__rmatmul__", "mm", "
                         "conv_transpose3d", "conv_tbc", "bilinear"})
 
 
-def _first_tensor(x: Any) -> Tensor | None:
+def first_tensor(x: Any) -> Tensor | None:
+    """The first tensor in a (nested) tuple, list or dict; None when there is none."""
     if isinstance(x, Tensor):
         return x
-    if isinstance(x, (list, tuple)):
-        for item in x:
-            t = _first_tensor(item)
-            if t is not None:
-                return t
+    items = x.values() if isinstance(x, Mapping) else x if isinstance(x, (list, tuple)) else ()
+    for item in items:
+        t = first_tensor(item)
+        if t is not None:
+            return t
     return None
 
 
@@ -27,7 +28,7 @@ def op_flops(op: str, args: tuple, kwargs: dict, out: Any) -> int:
     """FLOPs of one call of a matmul/conv-like op; 0 for other ops (they are memory-bound)."""
     if op not in MATMUL_OPS:
         return 0
-    o = _first_tensor(out)
+    o = first_tensor(out)
     tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, Tensor)]
     if o is None or not tensors:
         return 0

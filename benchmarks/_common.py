@@ -4,6 +4,7 @@ Not a benchmark itself (the leading underscore); each benchmarks/*.py script imp
 """
 from __future__ import annotations
 
+import math
 import os
 import platform
 import statistics
@@ -59,13 +60,7 @@ def pass_fail(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
 
-def calibrate(fn: Callable[[], object], block_seconds: float, warmup_seconds: float = 0.5) -> int:
-    """Iterations per timed block so one block takes about `block_seconds`.
-
-    Runs `fn` for `warmup_seconds` first (this VM stalls for up to a second
-    or two while fresh memory is paged in, mostly early in a process), then
-    uses the median of single-call times, so one stall does not set the count.
-    """
+def _fastest_call(fn: Callable[[], object], warmup_seconds: float) -> float:
     t0 = time.perf_counter()
     n = 0
     while time.perf_counter() - t0 < warmup_seconds or n < 3:
@@ -76,31 +71,52 @@ def calibrate(fn: Callable[[], object], block_seconds: float, warmup_seconds: fl
         t1 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t1)
-    return max(1, int(round(block_seconds / statistics.median(times))))
+    return min(times)
+
+
+def calibrate(configs: dict[str, Callable[[], object]], block_seconds: float,
+              warmup_seconds: float = 0.3) -> dict[str, int]:
+    """Iterations per timed block for each config, so one block takes about `block_seconds`.
+
+    Two passes over the configs, each running a config for `warmup_seconds`
+    and then timing single calls; the fastest call seen sets the count. This VM
+    stalls for a second or more now and then, and a stall during one pass
+    must not set the count.
+    """
+    best = {name: math.inf for name in configs}
+    for _ in range(2):
+        for name, fn in configs.items():
+            best[name] = min(best[name], _fastest_call(fn, warmup_seconds))
+    return {name: max(1, int(round(block_seconds / t))) for name, t in best.items()}
 
 
 def interleaved(configs: dict[str, Callable[[], object]], *, rounds: int = 7, block_seconds: float = 0.25,
-                iters: int | None = None) -> dict[str, float]:
-    """Median (over `rounds`) of the mean seconds per call; configs run ABCD, BCDA, ... each round.
+                max_noise: float = 0.10) -> dict[str, float]:
+    """Median (over rounds) of the mean seconds per call; configs run ABCD, BCDA, ... each round.
 
-    Every config gets the same iteration count (calibrated on the slowest, so
-    blocks stay near `block_seconds`); the starting config rotates per round.
+    Each config runs blocks of about `block_seconds` (its own iteration count,
+    left in `interleaved.last_iters`); the starting config rotates per round.
+    When a config's IQR/median over the rounds exceeds `max_noise` (the box
+    was busy), more rounds are run, up to twice `rounds` in all.
+    Per-round values are left in `interleaved.last_rounds`.
     """
     names = list(configs)
-    if iters is None:
-        iters = min(calibrate(configs[n], block_seconds) for n in names)
+    iters = calibrate(configs, block_seconds)
     per_round: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
+    r = 0
+    while r < rounds or (r < 2 * rounds and any(spread(v) > max_noise for v in per_round.values())):
         order = names[r % len(names):] + names[: r % len(names)]
         for name in order:
             fn = configs[name]
             fn()  # re-warm after the previous config (caches, allocator)
             t0 = time.perf_counter()
-            for _ in range(iters):
+            for _ in range(iters[name]):
                 fn()
-            per_round[name].append((time.perf_counter() - t0) / iters)
+            per_round[name].append((time.perf_counter() - t0) / iters[name])
+        r += 1
     interleaved.last_rounds = per_round  # type: ignore[attr-defined]
-    return {n: statistics.median(v) for n, v in per_round.items()} | {"__iters__": float(iters)}
+    interleaved.last_iters = iters  # type: ignore[attr-defined]
+    return {n: statistics.median(v) for n, v in per_round.items()}
 
 
 def spread(values: list[float]) -> float:

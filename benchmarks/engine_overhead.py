@@ -1,6 +1,6 @@
 """Engine overhead: forward-pass wall time of an nn.TransformerEncoder under each way of running bf16.
 
-    .venv/bin/python benchmarks/engine_overhead.py [--rounds 7] [--block 0.25] [--quick]
+    .venv/bin/python benchmarks/engine_overhead.py [--rounds 7] [--block 0.4] [--quick]
 
 Model: nn.TransformerEncoder, d_model 256, 4 heads, ff 1024, 4 layers, seq 32,
 batch_first, under torch.no_grad(); batch 1 and batch 64. Configs:
@@ -11,12 +11,15 @@ batch_first, under torch.no_grad(); batch 1 and batch 64. Configs:
   fp32             `model(x)`
 
 The context is constructed inside the timed loop, as user code writes it.
-Timing: R rounds; in each round every config runs one block of N calls
-(order rotated per round: ABCD, BCDA, ...); the table reports the median
+Timing: R rounds; in each round every config runs one block of about
+--block seconds (N calls, N set per config from its fastest call after a
+warm-up; order rotated per round: ABCD, BCDA, ...); the table reports the median
 over rounds of the mean time per call, and IQR/median of the per-round
 means (round-to-round noise; a large value means the box was busy: rerun).
-This VM also stalls for a second or two now and then (memory being paged
-back in); the median over rounds keeps a stalled round from counting.
+When a config's IQR/median is above 10% after R rounds, up to R more rounds
+are run (the "rounds x iters" column says how many). This VM also stalls for
+a second or more now and then; the median over rounds keeps a stalled round
+from counting, and the iteration count is calibrated on the fastest call.
 
 Section 1 runs the model in eval mode, where nn.TransformerEncoderLayer may
 take its fused fast path (torch._transformer_encoder_layer_fwd). Its
@@ -84,7 +87,7 @@ def section(title: str, *, train_mode: bool, rounds: int, block: float, batches:
             # Check the configs compute the same thing (auto must match torch.autocast bitwise).
             outs = {name: fn() for name, fn in cfg.items()}
             res = interleaved(cfg, rounds=rounds, block_seconds=block)
-            iters = int(res.pop("__iters__"))
+            iters = interleaved.last_iters  # type: ignore[attr-defined]
             per_round = interleaved.last_rounds  # type: ignore[attr-defined]
             ref = res["torch.autocast"]
             ratios[batch] = {}
@@ -93,7 +96,7 @@ def section(title: str, *, train_mode: bool, rounds: int, block: float, batches:
                 ratios[batch][name] = ratio
                 diff = (outs[name].float() - outs["torch.autocast"].float()).abs().max().item()
                 rows.append([batch, name, paths[name], f"{secs * 1e3:.3f}", f"{ratio:.3f}x", f"{diff:.1e}",
-                             f"{spread(per_round[name]):.0%}", f"{rounds}x{iters}"])
+                             f"{spread(per_round[name]):.0%}", f"{len(per_round[name])}x{iters[name]}"])
     print(f"\n### {title}\n")
     print(table(["batch", "config", "path", "ms/forward (median)", "vs torch.autocast",
                  "max abs diff vs autocast", "IQR/median", "rounds x iters"], rows))

@@ -1,6 +1,6 @@
 """Tuned-model checks: checkpoint size, loaded-model latency, and the tuner's own overhead.
 
-    .venv/bin/python benchmarks/tuned_speed.py [--rounds 7] [--block 0.4] [--quick]
+    .venv/bin/python benchmarks/tuned_speed.py [--rounds 7] [--block 0.25] [--quick]
 
 (a) Checkpoint size. An all-bf16 plan (Plan(dtype="bf16", preset="torch-cpu"),
     no fallbacks) saved with tuner.checkpoint.save_checkpoint: file bytes vs
@@ -115,14 +115,14 @@ def part_a_b(rounds: int, block: float, tmp: Path) -> tuple[list, list]:
                        "fp32": lambda x=x: model(*x)}
                 same = torch.equal(cfg["mpt loaded checkpoint"]().float(), ref().float())
                 res = interleaved(cfg, rounds=rounds, block_seconds=block)
-                iters = int(res.pop("__iters__"))
+                iters = interleaved.last_iters  # type: ignore[attr-defined]
                 per_round = interleaved.last_rounds  # type: ignore[attr-defined]
                 base = res["torch.autocast (FP32 weights)"]
                 for cname, secs in res.items():
                     lat_rows.append([name, label, cname, f"{secs * 1e3:.3f}", f"{secs / base:.3f}x",
                                      f"{spread(per_round[cname]):.0%}",
                                      ("bitwise" if same else "differs") if cname == "mpt loaded checkpoint" else "",
-                                     f"{rounds}x{iters}"])
+                                     f"{len(per_round[cname])}x{iters[cname]}"])
                 lat_checks.append((f"{name}, {label}", res["mpt loaded checkpoint"] / base,
                                    spread(per_round["mpt loaded checkpoint"])))
     print("\n### (a) Checkpoint size, all-bf16 plan (target <= 52% of FP32)\n")
@@ -180,7 +180,7 @@ def part_c(tasks: list[tuple[int, int]]) -> list:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--block", type=float, default=0.4, help="seconds per timed block (default 0.4)")
+    ap.add_argument("--block", type=float, default=0.25, help="seconds per timed block (default 0.25)")
     ap.add_argument("--quick", action="store_true", help="5 rounds of 0.1 s blocks (smoke run)")
     args = ap.parse_args()
     if args.quick:

@@ -84,9 +84,25 @@ def inspect_cmd(model_file: str | None, preset: str | None, plan_path: str | Non
     model = user.build()
     policy: Any = plan_path if plan_path else (preset or "torch-cpu")
     if lower_list or fp32_list:
-        from tuner.policy import custom_policy, load_preset
+        from tuner.policy import custom_policy, load_preset, read_op_list
 
-        policy = custom_policy(load_preset(policy), lower_file=lower_list, fp32_file=fp32_list)
+        problems: list[str] = []
+        lists: dict[str, list[str] | None] = {"lower": None, "fp32": None}
+        for key, path in (("lower", lower_list), ("fp32", fp32_list)):
+            if path:
+                try:
+                    lists[key] = read_op_list(path)
+                except ConfigError as exc:
+                    name = path.replace("\\", "/").rsplit("/", 1)[-1]
+                    problems += [e if e.startswith(f"{name}:") or path in e else f"{path}: {e}" for e in exc.errors]
+        if lists["lower"] is not None and lists["fp32"] is not None:
+            both = sorted(set(lists["lower"]) & set(lists["fp32"]))
+            if both:
+                problems.append(f"op(s) in both --lower-list {lower_list} and --fp32-list {fp32_list}: "
+                                f"{', '.join(both)}; an op runs in one precision")
+        if problems:
+            raise ConfigError(problems)
+        policy = custom_policy(load_preset(policy), lower=lists["lower"], fp32=lists["fp32"])
     result = inspect_model(model, inputs, policy, dtype, modules=mods or None)
     records = result.records
     shown = sorted(records, key=lambda r: -(r.error or 0.0))[:top] if top else records

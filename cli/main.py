@@ -19,6 +19,7 @@ Start with:
   mpt presets                               # the shipped op-list presets
   mpt inspect examples/digits_cnn.py        # per-op precision, reason, error
   mpt tune examples/digits_sensor.py --dtype bf16   # search FP32 fallbacks
+  mpt check mpt-out                         # CI gate: does the plan still hold?
 
 {exitcodes.HELP}
 """

@@ -57,9 +57,10 @@ class _Renderer:
             self.progress.stop()
             self.progress = None
         if event.kind in ("baseline", "candidates"):
-            self.out.print(event.message)
+            self.out.print(event.message, markup=False)
             if event.kind == "candidates" and not self.tty:
-                self.out.print(f"ranking {event.total} op instances with forward passes on example inputs")
+                self.out.print(f"ranking {event.total} op instances with forward passes on example inputs",
+                               markup=False)
         elif event.kind == "trial":
             t = event.trial
             metric = "error" if t.metric is None else f"{t.metric:.6g}"
@@ -68,11 +69,13 @@ class _Renderer:
             cached = " [journal]" if t.from_journal else ""
             if self.tty:
                 style = "green" if t.passed else "red"
+                from rich.markup import escape
+
                 self.out.print(f"[dim]eval {event.done:>3}[/dim]  [{style}]{verdict:4}[/{style}]  {metric:>10}  "
-                               f"low {t.low_share:4.0%}  {t.label}{extra}{cached}", markup=True)
+                               f"low {t.low_share:4.0%}  {escape(t.label + extra + cached)}", markup=True)
             else:
                 self.out.print(f"eval {event.done:>3}  {verdict:4}  metric {metric:>10}  low {t.low_share:4.0%}  "
-                               f"{t.seconds:6.2f}s  {t.label}{extra}{cached}")
+                               f"{t.seconds:6.2f}s  {t.label}{extra}{cached}", markup=False)
 
 
 @click.command("tune", epilog=EPILOG)
@@ -142,7 +145,7 @@ def tune_cmd(model_file: str | None, dtype: str, preset: str | None, tolerance: 
     report = write_outputs(result, user.build, out, device=device, model_file=header_spec)
     out_console = console()
     for note in result.notes:
-        out_console.print(f"note: {note}")
+        out_console.print(f"note: {note}", markup=False)
     for w in report["warnings"]:
         if w != speed_warning:
             warn(w)
@@ -153,11 +156,11 @@ def tune_cmd(model_file: str | None, dtype: str, preset: str | None, tolerance: 
             f"target met: {result.metric:.6g} vs baseline {result.baseline:.6g} (target {result.target:.6g}); "
             f"{len(result.plan.fp32_instances)} of {len(result.candidates)} op instances in FP32; "
             f"{share:.0%} of matmul/conv FLOPs in {options.dtype}; {result.evals} evaluations; "
-            f"forward {lat['tuned']:.2f} ms vs {lat['fp32']:.2f} ms FP32; wrote {out}/")
+            f"forward {lat['tuned']:.2f} ms vs {lat['fp32']:.2f} ms FP32; wrote {out}/", markup=False)
         if result.stopped:
-            out_console.print(f"search cut short ({result.stopped}): this is the best confirmed plan so far")
+            out_console.print(f"search cut short ({result.stopped}): this is the best confirmed plan so far", markup=False)
         return
     out_console.print(f"target not met: no plan reached {result.target:.6g} (baseline {result.baseline:.6g}) in "
                       f"{result.evals} evaluations" + (f"; search cut short ({result.stopped})" if result.stopped else "")
-                      + f"; wrote {out}/ with the all-FP32 plan")
+                      + f"; wrote {out}/ with the all-FP32 plan", markup=False)
     ctx.exit(exitcodes.TARGET_NOT_MET)

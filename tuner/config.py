@@ -20,7 +20,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from .errors import ConfigError
 from .yamlio import load_yaml_file
@@ -239,7 +239,3 @@ def load_config(path: str | Path, *, command: str | None = None) -> dict[str, An
     data = load_yaml_file(path)
     return validate_config(data, base=path.parent, source=str(path), command=command)
 
-
-def keys_for(command: str) -> Mapping[str, Key]:
-    """The keys `command` takes from a config."""
-    return {k: v for k, v in KEYS.items() if command in v.commands and k != "version"}

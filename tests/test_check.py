@@ -1,0 +1,222 @@
+"""`mpt check DIR`: re-evaluate a committed plan; exit 0 while it meets its target, 3 once it does not."""
+from __future__ import annotations
+
+import json
+import shutil
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cli import exitcodes
+from cli.check_cmd import check_plan
+from cli.main import main
+
+ASSETS = Path(__file__).parent / "assets"
+PLANTED = ASSETS / "planted_model.py"  # MPT_TEST_FRAGILE=1: branches.0 must stay FP32; =2: branches.1 too
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory) -> Path:
+    """One `mpt tune` of the planted model (one fragile branch), shared by the tests (each copies it)."""
+    out = tmp_path_factory.mktemp("tuned") / "run"
+    res = CliRunner().invoke(main, ["tune", str(PLANTED), "--out", str(out), "-q"],
+                             env={"MPT_TEST_FRAGILE": "1"})
+    assert res.exit_code == 0, res.output
+    return out
+
+
+@pytest.fixture
+def run(tuned, tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("MPT_TEST_FRAGILE", "1")
+    dest = tmp_path / "repo" / "mpt" / "bf16"
+    shutil.copytree(tuned, dest)
+    return dest
+
+
+def check(runner, *args):
+    res = runner.invoke(main, ["check", *[str(a) for a in args]])
+    assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
+    return res
+
+
+def test_plan_records_its_model_relative_to_the_folder(tuned):
+    header = [line for line in (tuned / "plan.yaml").read_text().splitlines() if line.startswith("# model:")]
+    assert len(header) == 1 and header[0].endswith("planted_model.py")
+
+
+def test_pass_exit_0_with_a_verdict_line(runner, run):
+    res = check(runner, run)
+    assert res.exit_code == exitcodes.OK, res.output
+    lines = res.stdout.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("check: PASS 1 >= target 0.99 (baseline 1, tolerance 1%)")
+
+
+def test_model_change_breaks_the_plan_exit_3(runner, run, monkeypatch):
+    monkeypatch.setenv("MPT_TEST_FRAGILE", "2")  # the model changed: a second op now needs FP32
+    res = check(runner, run)
+    assert res.exit_code == exitcodes.TARGET_NOT_MET, res.output
+    assert res.stdout.startswith("check: FAIL ") and "< target 0.99" in res.stdout
+    assert "no longer meets its target" in res.stdout and "re-run `mpt tune`" in res.stdout
+
+
+def test_json(runner, run, monkeypatch):
+    res = check(runner, run, "--json")
+    data = json.loads(res.stdout)
+    assert data["status"] == "pass" and data["exit_code"] == 0 and data["passed"] is True
+    assert data["baseline"] == 1.0 and data["target"] == pytest.approx(0.99) and data["metric"] == 1.0
+    assert data["dtype"] == "bf16" and data["weights"] == "fresh" and data["verdict"].startswith("check: PASS")
+    monkeypatch.setenv("MPT_TEST_FRAGILE", "2")
+    res = check(runner, run, "--json")
+    assert res.exit_code == exitcodes.TARGET_NOT_MET
+    data = json.loads(res.stdout)
+    assert data["status"] == "fail" and data["exit_code"] == 3 and data["metric"] < data["target"]
+
+
+def test_junit_pass_and_fail(runner, run, tmp_path, monkeypatch):
+    report = tmp_path / "reports" / "mpt.xml"
+    assert check(runner, run, "--junit", report).exit_code == 0
+    root = ET.parse(report).getroot()
+    suites = root.findall("testsuite")
+    assert len(suites) == 1 and suites[0].get("tests") == "1" and suites[0].get("failures") == "0"
+    cases = suites[0].findall("testcase")
+    assert len(cases) == 1 and cases[0].find("failure") is None
+    assert "check: PASS" in cases[0].find("system-out").text
+
+    monkeypatch.setenv("MPT_TEST_FRAGILE", "2")
+    assert check(runner, run, "--junit", report).exit_code == exitcodes.TARGET_NOT_MET
+    suite = ET.parse(report).getroot().find("testsuite")
+    assert suite.get("failures") == "1"
+    failure = suite.find("testcase").find("failure")
+    assert failure is not None and failure.get("message").startswith("check: FAIL")
+
+
+def test_junit_reports_errors_too(runner, run, tmp_path):
+    (run / "plan.yaml").write_text((run / "plan.yaml").read_text().replace("version: 1", "version: 9"))
+    report = tmp_path / "mpt.xml"
+    res = check(runner, run, "--junit", report)
+    assert res.exit_code == exitcodes.USAGE
+    error = ET.parse(report).getroot().find("testsuite").find("testcase").find("error")
+    assert error is not None and "newer than this mpt reads" in error.get("message")
+
+
+def test_header_path_is_relative_to_the_folder(runner, tmp_path, monkeypatch):
+    monkeypatch.setenv("MPT_TEST_FRAGILE", "1")
+    repo = tmp_path / "repo"
+    (repo / "src").mkdir(parents=True)
+    shutil.copy(PLANTED, repo / "src" / "model.py")
+    monkeypatch.chdir(repo)
+    res = runner.invoke(main, ["tune", "src/model.py", "--out", "mpt/bf16", "-q"])
+    assert res.exit_code == 0, res.output
+    assert "# model: ../../src/model.py\n" in (repo / "mpt" / "bf16" / "plan.yaml").read_text()
+    monkeypatch.chdir(tmp_path)  # any working directory
+    assert check(runner, repo / "mpt" / "bf16").exit_code == 0
+    # The folder copied away from the model: the header's relative path no longer resolves.
+    moved = tmp_path / "elsewhere" / "x"
+    shutil.copytree(repo / "mpt" / "bf16", moved)
+    res = check(runner, moved)
+    assert res.exit_code == exitcodes.USAGE
+    assert "was written for ../../src/model.py, which is not there" in res.stderr
+    assert "pass --model-file" in res.stderr
+    assert check(runner, moved, "--model-file", repo / "src" / "model.py").exit_code == 0
+
+
+def test_plan_without_model_header_needs_the_model_file(runner, run):
+    text = "\n".join(l for l in (run / "plan.yaml").read_text().splitlines() if not l.startswith("# model:"))
+    (run / "plan.yaml").write_text(text + "\n")
+    res = check(runner, run)
+    assert res.exit_code == exitcodes.USAGE and "does not say which model" in res.stderr
+    assert check(runner, run, "--model-file", PLANTED).exit_code == 0
+
+
+def test_missing_folder_and_missing_plan(runner, tmp_path):
+    res = check(runner, tmp_path / "nope")
+    assert res.exit_code == exitcodes.USAGE and "plan folder not found" in res.stderr
+    res = check(runner, tmp_path)
+    assert res.exit_code == exitcodes.USAGE and "no plan.yaml in" in res.stderr
+    res = check(runner)
+    assert res.exit_code == exitcodes.USAGE and "missing DIR" in res.stderr
+
+
+def test_plan_naming_modules_the_model_lacks(runner, run):
+    text = (run / "plan.yaml").read_text().replace("module: branches.0", "module: branches.7")
+    (run / "plan.yaml").write_text(text)
+    res = check(runner, run)
+    assert res.exit_code == exitcodes.USAGE
+    assert "does not match this model" in res.stderr and "branches.7" in res.stderr
+
+
+def test_plan_from_a_newer_version(runner, run):
+    (run / "plan.yaml").write_text((run / "plan.yaml").read_text().replace("version: 1", "version: 2"))
+    res = check(runner, run)
+    assert res.exit_code == exitcodes.USAGE and "plan version 2 is newer than this mpt reads (1)" in res.stderr
+
+
+def test_checkpoint_mode(runner, run):
+    res = check(runner, run, "--checkpoint", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["weights"] == "checkpoint"
+
+
+def test_truncated_or_corrupted_checkpoint(runner, run):
+    ckpt = run / "model.safetensors"
+    data = ckpt.read_bytes()
+    ckpt.write_bytes(data[: len(data) // 2])
+    res = check(runner, run, "--checkpoint")
+    assert res.exit_code == exitcodes.USAGE and "truncated or corrupted" in res.stderr
+    ckpt.write_bytes(b"\xff" * 64)
+    res = check(runner, run, "--checkpoint")
+    assert res.exit_code == exitcodes.USAGE and "truncated or corrupted" in res.stderr
+
+
+def test_checkpoint_that_does_not_match_the_model(runner, run):
+    from safetensors.torch import load_file, save_file
+
+    ckpt = run / "model.safetensors"
+    tensors = load_file(str(ckpt))
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name][..., :1].contiguous()  # shape mismatch
+    tensors["extra.weight"] = tensors[sorted(tensors)[1]].clone()  # extra key
+    del tensors[sorted(k for k in tensors if k != name and k != "extra.weight")[-1]]  # missing key
+    save_file(tensors, str(ckpt))
+    res = check(runner, run, "--checkpoint")
+    assert res.exit_code == exitcodes.USAGE
+    for fragment in ("does not match this model", "missing from the checkpoint", "not in the model: extra.weight",
+                     f"{name}: shape"):
+        assert fragment in res.stderr, res.stderr
+
+
+def test_user_code_failing_in_check(runner, run, tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(PLANTED.read_text() + "\n\ndef evaluate(model):\n    raise ValueError('dataset moved')\n")
+    res = check(runner, run, "--model-file", bad)
+    assert res.exit_code == exitcodes.USER_CODE and "evaluate raised ValueError: dataset moved (bad.py:" in res.stderr
+
+
+def test_tolerance_override(runner, run, monkeypatch):
+    monkeypatch.setenv("MPT_TEST_FRAGILE", "2")
+    res = check(runner, run, "--tolerance", "0.9", "--json")
+    data = json.loads(res.stdout)
+    assert data["tolerance"] == 0.9 and data["status"] == "pass"
+
+
+def test_library_function_without_click(run):
+    result = check_plan(str(run))
+    assert result.passed and result.metric == 1.0 and result.plan.endswith("plan.yaml")
+    assert result.verdict().startswith("check: PASS")
+
+
+def test_function_names_given_to_tune_are_recorded_for_check(runner, tmp_path, monkeypatch):
+    source = PLANTED.read_text().replace("def build_model(", "def make(").replace("def evaluate(", "def score(")
+    (tmp_path / "model.py").write_text(source)
+    monkeypatch.setenv("MPT_TEST_FRAGILE", "1")
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(main, ["tune", "model.py:make", "--eval", "score", "--out", "run", "-q"])
+    assert res.exit_code == 0, res.output
+    text = (tmp_path / "run" / "plan.yaml").read_text()
+    assert "# model: ../model.py:make\n" in text and "# eval: score\n" in text
+    assert check(runner, "run").exit_code == 0
+    monkeypatch.setenv("MPT_TEST_FRAGILE", "2")
+    assert check(runner, "run").exit_code == exitcodes.TARGET_NOT_MET

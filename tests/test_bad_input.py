@@ -21,25 +21,7 @@ ASSETS = Path(__file__).parent / "assets"
 OVERFLOW = ASSETS / "fp16_overflow.py"
 
 # A valid model file; tests replace one function at a time.
-TEMPLATE = """\
-import torch
-from torch import nn
-
-
-def build_model():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)).eval()
-
-
-def example_inputs():
-    return (torch.ones(3, 4),)
-
-
-def evaluate(model):
-    with torch.no_grad():
-        out = model(torch.ones(3, 4))
-    return 1.0 - 0.0 * float(out.sum())
-"""
+TEMPLATE = (ASSETS / "valid_model.py").read_text()
 
 
 def model_file(tmp_path: Path, replace: dict[str, str] | None = None, *, name: str = "model.py",

@@ -16,25 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((ROOT / "configs").glob("*.yaml"))
 ASSETS = Path(__file__).parent / "assets"
 
-MODEL = """\
-import torch
-from torch import nn
-
-
-def build_model():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)).eval()
-
-
-def example_inputs():
-    return (torch.ones(3, 4),)
-
-
-def evaluate(model):
-    with torch.no_grad():
-        model(torch.ones(3, 4))
-    return 1.0
-"""
+MODEL = (ASSETS / "valid_model.py").read_text()
 
 
 def write_config(path: Path, text: str) -> Path:

@@ -60,6 +60,23 @@ def pass_fail(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
 
+# Extra rounds (see interleaved) are only run before this monotonic time; scripts set it
+# with set_budget() so one run stays within a few minutes even when the box is busy.
+_DEADLINE = [math.inf]
+NOISY: list[str] = []  # configs whose IQR/median stayed above max_noise
+
+
+def set_budget(seconds: float) -> None:
+    _DEADLINE[0] = time.monotonic() + seconds
+
+
+def noise_note() -> str:
+    if not NOISY:
+        return "All timings settled (IQR/median <= 10%)."
+    return (f"NOTE: {len(NOISY)} timing(s) stayed noisy (IQR/median > 10%): the box was busy during this run; "
+            "ratios from those rows are less trustworthy, rerun to confirm.")
+
+
 def _fastest_call(fn: Callable[[], object], warmup_seconds: float) -> float:
     t0 = time.perf_counter()
     n = 0
@@ -97,14 +114,16 @@ def interleaved(configs: dict[str, Callable[[], object]], *, rounds: int = 7, bl
     Each config runs blocks of about `block_seconds` (its own iteration count,
     left in `interleaved.last_iters`); the starting config rotates per round.
     When a config's IQR/median over the rounds exceeds `max_noise` (the box
-    was busy), more rounds are run, up to twice `rounds` in all.
+    was busy), more rounds are run, up to twice `rounds` in all, and only
+    while the budget set by set_budget() lasts.
     Per-round values are left in `interleaved.last_rounds`.
     """
     names = list(configs)
     iters = calibrate(configs, block_seconds)
     per_round: dict[str, list[float]] = {n: [] for n in names}
     r = 0
-    while r < rounds or (r < 2 * rounds and any(spread(v) > max_noise for v in per_round.values())):
+    while r < rounds or (r < 2 * rounds and time.monotonic() < _DEADLINE[0]
+                         and any(spread(v) > max_noise for v in per_round.values())):
         order = names[r % len(names):] + names[: r % len(names)]
         for name in order:
             fn = configs[name]
@@ -114,6 +133,7 @@ def interleaved(configs: dict[str, Callable[[], object]], *, rounds: int = 7, bl
                 fn()
             per_round[name].append((time.perf_counter() - t0) / iters[name])
         r += 1
+    NOISY.extend(n for n, v in per_round.items() if spread(v) > max_noise)
     interleaved.last_rounds = per_round  # type: ignore[attr-defined]
     interleaved.last_iters = iters  # type: ignore[attr-defined]
     return {n: statistics.median(v) for n, v in per_round.items()}

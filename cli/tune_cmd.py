@@ -43,6 +43,10 @@ class _Renderer:
         if self.quiet:
             return
         if event.kind == "rank":
+            if not self.tty and event.done == 1:
+                how = ("one shadowed forward pass + backward probes" if event.message == "gradient"
+                       else "one forward pass per op instance")
+                self.out.print(f"ranking op instances on example inputs ({event.message}: {how})", markup=False)
             if self.tty:
                 if self.progress is None:
                     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -58,9 +62,6 @@ class _Renderer:
             self.progress = None
         if event.kind in ("baseline", "candidates"):
             self.out.print(event.message, markup=False)
-            if event.kind == "candidates" and not self.tty:
-                self.out.print(f"ranking {event.total} op instances with forward passes on example inputs",
-                               markup=False)
         elif event.kind == "trial":
             t = event.trial
             metric = "error" if t.metric is None else f"{t.metric:.6g}"
@@ -96,18 +97,23 @@ class _Renderer:
 @click.option("--overwrite", is_flag=True, help="Replace a previous run in --out.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--thorough", is_flag=True, help="Prove every FP32 instance necessary (more evaluations).")
+@click.option("--rank", type=click.Choice(["gradient", "exact"]), default="gradient", show_default=True,
+              help="How to rank op instances before the search: gradient = one forward with every op's "
+                   "low-precision error plus a few backward passes (first-order damage to the output); "
+                   "exact = one forward per op instance (slower; catches saturation effects).")
 @click.option("--quiet", "-q", is_flag=True, help="Only the final verdict.")
 @config_option("tune", CONFIG_PARAMS)
 @user_code_options
 @guarded
 def tune_cmd(model_file: str | None, dtype: str, preset: str | None, tolerance: float, absolute: bool,
              lower_is_better: bool, max_evals: int | None, time_budget: float | None, out_dir: str, resume: bool,
-             overwrite: bool, device: str, thorough: bool, quiet: bool, config_path: str | None,
+             overwrite: bool, device: str, thorough: bool, rank: str, quiet: bool, config_path: str | None,
              model_fn: str | None, eval_fn: str | None, inputs_fn: str | None) -> None:
     """Find which op instances must stay FP32 so the model keeps its accuracy in bf16/fp16.
 
     Evaluates the FP32 baseline, then everything eligible in the lower dtype;
-    if that misses the target, ranks op instances with cheap forward passes
+    if that misses the target, ranks op instances on example inputs by their
+    damage to the output
     and confirms the FP32 fallbacks with as few full evaluations as it can.
     Every reported plan was confirmed by a full evaluation.
     """
@@ -125,7 +131,7 @@ def tune_cmd(model_file: str | None, dtype: str, preset: str | None, tolerance: 
         raise ConfigError("give --resume or --overwrite, not both")
     options = TuneOptions(dtype=dtype, preset=preset, tolerance=tolerance, absolute=absolute,
                           lower_is_better=lower_is_better, max_evals=max_evals, time_budget=time_budget,
-                          device=device, thorough=thorough)
+                          device=device, thorough=thorough, rank=rank)
     user = load_user_model(model_file, model=model_fn, eval=eval_fn, inputs=inputs_fn)
     speed_warning = check_device(device, options.dtype)
     out = prepare_out_dir(out_dir, resume=resume, overwrite=overwrite)

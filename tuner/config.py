@@ -64,6 +64,7 @@ KEYS: dict[str, Key] = {
     "overwrite": Key("bool", frozenset({TUNE}), "replace a previous run in out"),
     "device": Key("choice", frozenset({TUNE, CHECK}), "device", DEVICE_CHOICES),
     "thorough": Key("bool", frozenset({TUNE}), "prove every FP32 instance necessary"),
+    "rank": Key("choice", frozenset({TUNE}), "how to rank op instances", ("gradient", "exact")),
     "quiet": Key("bool", frozenset({TUNE}), "only the final verdict"),
     "plan": Key("path", frozenset({INSPECT}), "plan.yaml or tune output folder to apply"),
     "module": Key("modules", frozenset({INSPECT}), "per-module overrides: {PATH: DTYPE} or ['PATH=DTYPE']"),

@@ -24,6 +24,7 @@ from .flops import op_flops
 from .journal import Journal
 from .plan import OpInstance, Plan
 from .policy import load_preset
+from .ranking import rank_exact, rank_gradient
 from .search import FallbackSearch, SearchOutcome
 
 DEFAULT_PRESET = {"cpu": "torch-cpu", "cuda": "torch-cuda"}
@@ -42,9 +43,12 @@ class TuneOptions:
     time_budget: float | None = None
     device: str = "cpu"
     thorough: bool = False
+    rank: str = "gradient"  # "gradient" (one pass) or "exact" (one forward per op instance)
 
     def __post_init__(self) -> None:
         problems = []
+        if self.rank not in ("gradient", "exact"):
+            problems.append(f"rank: expected gradient or exact, found {self.rank!r}")
         try:
             object.__setattr__(self, "dtype", short_name(parse_dtype(self.dtype, lower_only=True)))
         except ValueError as exc:
@@ -230,20 +234,15 @@ def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Modu
                    f"all-{options.dtype} output error {relative_error(low_out, ref_out) or 0:.2e}",
                    total=len(candidates)))
 
-    # 3. Rank (only when the all-low trial failed): final-output error with only that instance low.
+    # 3. Rank (only when the all-low trial failed): each instance's damage to the final output.
     scores: dict[OpInstance, float] = {}
 
     def rank() -> list[int]:
-        all_fp32 = {c.key(): torch.float32 for c in candidates}
-        with torch.no_grad():
-            for n, cand in enumerate(candidates):
-                overrides = dict(all_fp32)
-                overrides[cand.key()] = dtype
-                with PrecisionEngine(policy, dtype, root=model, instance_overrides=overrides):
-                    out = model(*inputs)
-                err = relative_error(out, ref_out)
-                scores[cand] = float("inf") if err is None or not math.isfinite(err) else err
-                emit(TuneEvent("rank", cand.label(), done=n + 1, total=len(candidates)))
+        def progress(done: int, total: int) -> None:
+            emit(TuneEvent("rank", options.rank, done=done, total=total))
+
+        scorer = rank_gradient if options.rank == "gradient" else rank_exact
+        scores.update(scorer(model, inputs, policy, dtype, candidates, ref_out, progress))
         return sorted(range(len(candidates)), key=lambda i: (-scores[candidates[i]], i))
 
     # 4. Search with full evaluations.

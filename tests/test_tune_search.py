@@ -1,9 +1,11 @@
 """The search on planted models: it finds exactly the fragile op instances, within its evaluation promise."""
 import json
 import math
+import time
 
 import pytest
 import torch
+from torch import nn
 
 from tuner.audit import inspect_model
 from tuner.journal import Journal
@@ -161,3 +163,22 @@ def test_gradient_ranking_matches_exact_scale():
     assert max(g, key=g.get) == max(e, key=e.get) == frag
     assert 0.2 < g[frag] / e[frag] < 5  # same units: relative output error
     assert all(p.requires_grad is False for p in model.protos)  # restored
+
+
+def test_planted_task_batched_evaluate_matches_one_batch() -> None:
+    """A batched evaluate (as a DataLoader loop) sees the same samples and gives the same metric."""
+    one, batched = PlantedTask(16, 1), PlantedTask(16, 1, batch=32)
+    model = one.build()
+    assert one.evaluate(model) == batched.evaluate(model) == 1.0
+
+
+def test_tune_reports_user_code_time_apart_from_its_own() -> None:
+    task = PlantedTask(16, 1)
+
+    def slow_build() -> nn.Module:
+        time.sleep(0.2)
+        return task.build()
+
+    result = tune(slow_build, task.evaluate, task.example_inputs, TuneOptions(dtype="bf16"))
+    assert result.user_seconds >= 0.2
+    assert result.seconds >= result.user_seconds + result.eval_seconds

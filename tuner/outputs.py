@@ -182,7 +182,8 @@ def write_outputs(result: TuneResult, build: Callable[[], nn.Module], out: str |
         "low_precision_flop_share": summary.lower_flop_share,
         "latency_ms": {"fp32": lat_fp32 * 1e3, "tuned": lat_tuned * 1e3, "speedup": lat_fp32 / lat_tuned},
         "checkpoint": ckpt,
-        "seconds": {"total": result.seconds + (time.monotonic() - t0), "evaluations": result.eval_seconds},
+        "seconds": {"total": result.seconds + (time.monotonic() - t0), "evaluations": result.eval_seconds,
+                    "user_code": result.user_seconds},
         "scores": result.scores,
         "trials": [{"n": t.n, "label": t.label, "fp32": list(t.fp32), "metric": t.metric, "passed": t.passed,
                     "seconds": t.seconds, "low_share": t.low_share, "error": t.error, "from_journal": t.from_journal}

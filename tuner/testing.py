@@ -77,6 +77,7 @@ class PlantedTask:
     k: int
     seed: int = 0
     samples: int = 512
+    batch: int | None = None  # evaluate in batches of this size, as a DataLoader loop does; None: one batch
 
     def __post_init__(self) -> None:
         g = torch.Generator().manual_seed(self.seed + 1000)
@@ -94,8 +95,10 @@ class PlantedTask:
 
     def evaluate(self, model: nn.Module) -> float:
         self.evaluations += 1
+        step = self.batch or len(self.x)
         with torch.no_grad():
-            return float((model(self.x).argmax(-1) == self.labels).float().mean())
+            preds = torch.cat([model(self.x[i:i + step]).argmax(-1) for i in range(0, len(self.x), step)])
+        return float((preds == self.labels).float().mean())
 
     def example_inputs(self) -> tuple:
         return (self.x[:32],)

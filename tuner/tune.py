@@ -121,6 +121,7 @@ class TuneResult:
     call_share: float = 0.0
     seconds: float = 0.0
     eval_seconds: float = 0.0
+    user_seconds: float = 0.0  # the user's build() and example_inputs(), besides evaluate
     inputs: tuple | None = None
     warnings: list[str] = field(default_factory=list)
 
@@ -170,7 +171,9 @@ def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Modu
     t_start = time.monotonic()
     dtype = parse_dtype(options.dtype)
     device = torch.device(options.device)
+    t_user = time.monotonic()
     model = build().to(device).eval()
+    user_seconds = time.monotonic() - t_user
     policy = load_preset(options.preset)  # type: ignore[arg-type]
     trials: list[Trial] = []
     eval_seconds = 0.0
@@ -202,7 +205,9 @@ def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Modu
     if isinstance(example_inputs, tuple):
         inputs = example_inputs
     elif callable(example_inputs):
+        t_user = time.monotonic()
         inputs = example_inputs()
+        user_seconds += time.monotonic() - t_user
     else:
         if rec is None or rec.args is None:
             if rec is not None:
@@ -336,6 +341,7 @@ def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Modu
                         evals=count, stopped=outcome.stopped, candidates=candidates,
                         scores={c.label(): s for c, s in scores.items()}, notes=notes,
                         call_share=(len(candidates) - len(fp32_final)) / total_calls,
-                        seconds=time.monotonic() - t_start, eval_seconds=eval_seconds, inputs=inputs)
+                        seconds=time.monotonic() - t_start, eval_seconds=eval_seconds, user_seconds=user_seconds,
+                        inputs=inputs)
     emit(TuneEvent("done", "target met" if status == "ok" else "target not met"))
     return result

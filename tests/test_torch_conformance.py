@@ -26,6 +26,14 @@ def spd(n):
     return a @ a.t() + n * torch.eye(n)
 
 
+def lstm(**kw):
+    """nn.LSTM as a callable: on CPU torch.autocast lowers it through mkldnn_rnn_layer, below Python."""
+    with torch.random.fork_rng():
+        torch.manual_seed(1)
+        module = torch.nn.LSTM(16, 32, **kw)
+    return lambda x: module(x)
+
+
 # (list the op belongs to, case name, callable, args) -- fp32 inputs for lower ops, bf16 inputs for fp32 ops.
 B = torch.bfloat16
 CASES = [
@@ -33,6 +41,10 @@ CASES = [
     ("lower", "conv1d", F.conv1d, (r(2, 3, 8), r(4, 3, 3))),
     ("lower", "conv2d", F.conv2d, (r(2, 3, 6, 6), r(4, 3, 3, 3), r(4))),
     ("lower", "conv3d", F.conv3d, (r(1, 2, 4, 4, 4), r(3, 2, 2, 2, 2))),
+    ("lower", "mkldnn_rnn_layer-lstm", lstm(), (r(5, 2, 16),)),
+    ("lower", "mkldnn_rnn_layer-lstm-2-layers-bidirectional", lstm(num_layers=2, bidirectional=True,
+                                                               batch_first=True), (r(2, 5, 16),)),
+    ("lower", "mkldnn_rnn_layer-lstm-no-bias", lstm(bias=False), (r(5, 16),)),
     ("lower", "conv_transpose1d", F.conv_transpose1d, (r(2, 3, 5), r(3, 4, 3))),
     ("lower", "conv_transpose2d", F.conv_transpose2d, (r(1, 3, 4, 4), r(3, 2, 3, 3))),
     ("lower", "conv_transpose3d", F.conv_transpose3d, (r(1, 2, 3, 3, 3), r(2, 2, 2, 2, 2))),
@@ -145,3 +157,29 @@ def test_cases_cover_most_of_torch_cpu_lists():
     covered = {c[1].split("-")[0] for c in CASES}
     aten = set(pol.lower | pol.fp32 | pol.promote)
     assert len(covered & aten) >= 50
+
+
+@pytest.mark.parametrize("kind", ["packed", "projections"])
+def test_lstm_paths_onednn_does_not_take_keep_torch_autocast_dtypes(kind):
+    """Packed sequences and proj_size > 0 skip mkldnn_rnn_layer, so mpt must not lower them as a whole."""
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    module = torch.nn.LSTM(16, 32, proj_size=8 if kind == "projections" else 0)
+    x = r(5, 2, 16)
+    arg = pack_padded_sequence(x, [5, 3]) if kind == "packed" else x
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = module(arg)[0]
+    with torch.no_grad(), tuner.autocast("torch-cpu", "bf16", engine="python"):
+        got = module(arg)[0]
+    if kind == "packed":
+        expected, got = expected.data, got.data
+    assert got.dtype == expected.dtype
+
+
+def test_lstm_trains_through_the_casts():
+    module = torch.nn.LSTM(16, 32)
+    with tuner.autocast("torch-cpu", "bf16", engine="python"):
+        out = module(r(5, 2, 16))[0]
+    assert out.dtype == torch.bfloat16
+    out.float().sum().backward()
+    assert module.weight_ih_l0.grad is not None and module.weight_ih_l0.grad.dtype == torch.float32

@@ -221,7 +221,7 @@ class PrecisionEngine(TorchFunctionMode):
                          rule=rule, reason=reason,
                          clone=_unchecked_clone(func) if transparent else None)  # type: ignore[arg-type]
         info.fast = skip or (rule == PASSTHROUGH and not transparent and not self._need_index
-                             and not self.module_overrides and name != "pad")
+                             and not self.module_overrides and name not in ("pad", "lstm"))
         self._infos[func] = info
         return info
 
@@ -245,6 +245,8 @@ class PrecisionEngine(TorchFunctionMode):
         rule, reason, name = info.rule, info.reason, info.name
         if name == "pad":  # F.pad(mode="reflect"|"replicate") is reflection_pad*/replication_pad* in ATen
             name, rule, reason = self._refine_pad(args, kwargs, rule, reason)
+        elif name == "lstm":  # on CPU, torch.lstm runs mkldnn_rnn_layer (per layer) in ATen
+            name, rule, reason = self._refine_lstm(args, rule, reason)
         path = self.tracker.current_path() if (self._need_index or self.module_overrides) else OUTSIDE
         index = 0
         if self._need_index:
@@ -315,6 +317,21 @@ class PrecisionEngine(TorchFunctionMode):
         if new_rule == self.policy.unlisted:
             return "pad", rule, reason
         return name, new_rule, new_reason
+
+    def _refine_lstm(self, args: tuple, rule: str, reason: str) -> tuple[str, str, str]:
+        """torch.lstm on CPU runs mkldnn_rnn_layer when oneDNN takes it (RNN.cpp's use_mkldnn): the
+        padded overload `lstm(input, (h, c), params, ...)` with a non-empty input. With proj_size > 0 it
+        falls back to linear/matmul cells, which torch.autocast also lowers: the same outcome."""
+        first = args[0] if args else None
+        hx = args[1] if len(args) > 1 else None
+        if not (isinstance(first, Tensor) and first.device.type == "cpu" and first.numel() > 0
+                and isinstance(hx, (list, tuple)) and len(hx) == 2
+                and torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
+            return "lstm", rule, reason
+        new_rule, new_reason = self.policy.rule_for("mkldnn_rnn_layer")
+        if new_rule == self.policy.unlisted:
+            return "lstm", rule, reason
+        return "mkldnn_rnn_layer", new_rule, new_reason
 
     def _eligible(self, t: Tensor) -> bool:
         return t.is_floating_point() and t.dtype != _F64 and (self.device is None or t.device.type == self.device)

@@ -49,24 +49,25 @@ import tuner  # noqa: E402
 from tuner.checkpoint import CHECKPOINT_NAME, load, save_checkpoint  # noqa: E402
 from tuner.plan import Plan  # noqa: E402
 from tuner.testing import PlantedTask  # noqa: E402
-from tuner.tune import TuneEvent, TuneOptions, tune  # noqa: E402
+from tuner.tune import TuneOptions, tune  # noqa: E402
 
 SIZE_TARGET = 0.52
 OVERHEAD_TARGET = 0.20
 PLAN = Plan(dtype="bf16", preset="torch-cpu")
 
 
-def digits_module():
-    path = ROOT / "examples" / "digits_cnn.py"
+def example_module(name: str):
+    """examples/NAME.py imported and checked to build; None (and why, printed) when it cannot be."""
+    path = ROOT / "examples" / f"{name}.py"
     if not path.is_file():
         return None
-    spec = importlib.util.spec_from_file_location("mpt_bench_digits_cnn", path)
+    spec = importlib.util.spec_from_file_location(f"mpt_bench_{name}", path)
     mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     try:
         spec.loader.exec_module(mod)  # type: ignore[union-attr]
         mod.build_model()
     except Exception as exc:  # noqa: BLE001 - missing weights or sklearn: skip, say why
-        print(f"(examples/digits_cnn.py skipped: {exc})")
+        print(f"(examples/{name}.py skipped: {exc})")
         return None
     return mod
 
@@ -82,7 +83,7 @@ def models() -> list[tuple[str, callable, dict[str, tuple]]]:
     found = [("TransformerEncoder", lambda: transformer_encoder(),
               {"batch 1": transformer_inputs(1), "batch 64": transformer_inputs(64)}),
              ("small CNN (VGG-style, 3x32x32)", lambda: small_cnn(), {"batch 8": cnn_inputs(8)})]
-    digits = digits_module()
+    digits = example_module("digits_cnn")
     if digits is not None:
         x = digits.example_inputs()
         _, _, x_test, _ = digits.load_split()
@@ -136,14 +137,6 @@ def part_a_b(rounds: int, block: float, tmp: Path) -> tuple[list, list]:
     return size_checks, lat_checks
 
 
-def _example(name: str):
-    path = ROOT / "examples" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"mpt_bench_{name}", path)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
-
-
 def _tune_once(build, evaluate, example_inputs) -> tuple[float, list]:
     stamps: list[tuple[float, str]] = []
     t0 = time.monotonic()
@@ -186,10 +179,8 @@ def part_c(tasks: list[tuple[int, int]], repeats: int) -> list:
                            task.example_inputs, repeats)
         rows.append(row + ["(context)"])
     for name in ("digits_cnn", "digits_sensor", "digits_transformer"):
-        try:
-            ex = _example(name)
-        except Exception as exc:  # noqa: BLE001 - e.g. scikit-learn not installed
-            print(f"(examples/{name}.py skipped: {exc})")
+        ex = example_module(name)
+        if ex is None:
             continue
         row, _ = _tune_row(f"examples/{name}.py", ex.build_model, ex.evaluate, ex.example_inputs, repeats)
         rows.append(row + ["(context)"])
@@ -219,8 +210,8 @@ def main() -> None:
     rows += [[f"(b) {name}: loaded <= torch.autocast", f"{ratio:.3f}x (IQR/median {sp:.0%})",
               pass_fail(ratio <= 1.0) + ("" if ratio <= 1.0 or ratio - 1.0 > sp else " (within noise)")]
              for name, ratio, sp in lat_checks]
-    rows += [[f"(c) tune PlantedTask({n}, {k}), batched evaluate: own time < 20%", f"{o:.1%}", pass_fail(o < OVERHEAD_TARGET)]
-             for n, k, o in over_checks]
+    rows += [[f"(c) tune PlantedTask({n}, {k}), batched evaluate: own time < 20%", f"{o:.1%}",
+              pass_fail(o < OVERHEAD_TARGET)] for n, k, o in over_checks]
     print("\n### Targets\n")
     print(table(["target", "measured", "result"], rows))
     print(noise_note())

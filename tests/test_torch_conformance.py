@@ -160,8 +160,9 @@ def test_cases_cover_most_of_torch_cpu_lists():
 
 
 @pytest.mark.parametrize("kind", ["packed", "projections"])
-def test_lstm_paths_onednn_does_not_take_keep_torch_autocast_dtypes(kind):
-    """Packed sequences and proj_size > 0 skip mkldnn_rnn_layer, so mpt must not lower them as a whole."""
+def test_lstm_paths_outside_onednn_keep_torch_autocast_dtypes(kind):
+    """Packed sequences and proj_size > 0 skip mkldnn_rnn_layer; torch.autocast then decides per inner op
+    (packed: FP32 out, projections: bf16 out) and mpt must give the same output dtype."""
     from torch.nn.utils.rnn import pack_padded_sequence
 
     module = torch.nn.LSTM(16, 32, proj_size=8 if kind == "projections" else 0)

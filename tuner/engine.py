@@ -221,7 +221,7 @@ class PrecisionEngine(TorchFunctionMode):
                          rule=rule, reason=reason,
                          clone=_unchecked_clone(func) if transparent else None)  # type: ignore[arg-type]
         info.fast = skip or (rule == PASSTHROUGH and not transparent and not self._need_index
-                             and not self.module_overrides and name not in ("pad", "lstm"))
+                             and not self.module_overrides and name not in _ATEN_NAME)
         self._infos[func] = info
         return info
 
@@ -243,10 +243,13 @@ class PrecisionEngine(TorchFunctionMode):
                     active.discard(func)
 
         rule, reason, name = info.rule, info.reason, info.name
-        if name == "pad":  # F.pad(mode="reflect"|"replicate") is reflection_pad*/replication_pad* in ATen
-            name, rule, reason = self._refine_pad(args, kwargs, rule, reason)
-        elif name == "lstm":  # on CPU, torch.lstm runs mkldnn_rnn_layer (per layer) in ATen
-            name, rule, reason = self._refine_lstm(args, rule, reason)
+        refine = _ATEN_NAME.get(name)
+        if refine is not None:
+            aten = refine(args, kwargs)
+            if aten is not None:
+                aten_rule, aten_reason = self.policy.rule_for(aten)
+                if aten_rule != self.policy.unlisted:  # the policy names the ATen op: its rule applies
+                    name, rule, reason = aten, aten_rule, aten_reason
         path = self.tracker.current_path() if (self._need_index or self.module_overrides) else OUTSIDE
         index = 0
         if self._need_index:
@@ -306,33 +309,6 @@ class PrecisionEngine(TorchFunctionMode):
                 self.recorder(decision, func, args, kwargs, out, raw_args, raw_kwargs)
         return out
 
-    def _refine_pad(self, args: tuple, kwargs: dict, rule: str, reason: str) -> tuple[str, str, str]:
-        mode = kwargs.get("mode", args[2] if len(args) > 2 else "constant")
-        pad = kwargs.get("pad", args[1] if len(args) > 1 else ())
-        family = {"reflect": "reflection_pad", "replicate": "replication_pad"}.get(mode)
-        if family is None or not pad:
-            return "pad", rule, reason
-        name = f"{family}{len(pad) // 2}d"
-        new_rule, new_reason = self.policy.rule_for(name)
-        if new_rule == self.policy.unlisted:
-            return "pad", rule, reason
-        return name, new_rule, new_reason
-
-    def _refine_lstm(self, args: tuple, rule: str, reason: str) -> tuple[str, str, str]:
-        """torch.lstm on CPU runs mkldnn_rnn_layer when oneDNN takes it (RNN.cpp's use_mkldnn): the
-        padded overload `lstm(input, (h, c), params, ...)` with a non-empty input. With proj_size > 0 it
-        falls back to linear/matmul cells, which torch.autocast also lowers: the same outcome."""
-        first = args[0] if args else None
-        hx = args[1] if len(args) > 1 else None
-        if not (isinstance(first, Tensor) and first.device.type == "cpu" and first.numel() > 0
-                and isinstance(hx, (list, tuple)) and len(hx) == 2
-                and torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
-            return "lstm", rule, reason
-        new_rule, new_reason = self.policy.rule_for("mkldnn_rnn_layer")
-        if new_rule == self.policy.unlisted:
-            return "lstm", rule, reason
-        return "mkldnn_rnn_layer", new_rule, new_reason
-
     def _eligible(self, t: Tensor) -> bool:
         return t.is_floating_point() and t.dtype != _F64 and (self.device is None or t.device.type == self.device)
 
@@ -380,6 +356,32 @@ class PrecisionEngine(TorchFunctionMode):
                 total += n
             kwargs = new_kwargs
         return tuple(new_args), kwargs, total
+
+
+def _pad_aten_name(args: tuple, kwargs: dict) -> str | None:
+    """F.pad(mode="reflect"|"replicate") runs reflection_pad{1,2,3}d/replication_pad{1,2,3}d in ATen."""
+    mode = kwargs.get("mode", args[2] if len(args) > 2 else "constant")
+    pad = kwargs.get("pad", args[1] if len(args) > 1 else ())
+    family = {"reflect": "reflection_pad", "replicate": "replication_pad"}.get(mode)
+    return f"{family}{len(pad) // 2}d" if family is not None and pad else None
+
+
+def _lstm_aten_name(args: tuple, kwargs: dict) -> str | None:
+    """torch.lstm on CPU runs mkldnn_rnn_layer when oneDNN takes it (RNN.cpp's use_mkldnn): the padded
+    overload `lstm(input, (h, c), params, ...)` with a non-empty input. With proj_size > 0 it falls back
+    to linear/matmul cells, which torch.autocast also lowers: the same outcome."""
+    first = args[0] if args else None
+    hx = args[1] if len(args) > 1 else None
+    if (isinstance(first, Tensor) and first.device.type == "cpu" and first.numel() > 0
+            and isinstance(hx, (list, tuple)) and len(hx) == 2
+            and torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
+        return "mkldnn_rnn_layer"
+    return None
+
+
+# Python-level ops that torch runs as a differently named ATen op, depending on the call's arguments:
+# when the policy lists that ATen op, its rule decides (torch.autocast sees only the ATen name).
+_ATEN_NAME: dict[str, Callable[[tuple, dict], str | None]] = {"pad": _pad_aten_name, "lstm": _lstm_aten_name}
 
 
 class disable_casts:

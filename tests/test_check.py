@@ -20,7 +20,8 @@ PLANTED = ASSETS / "planted_model.py"  # MPT_TEST_FRAGILE=1: branches.0 must sta
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory) -> Path:
     """One `mpt tune` of the planted model (one fragile branch), shared by the tests (each copies it)."""
-    out = tmp_path_factory.mktemp("tuned") / "run"
+    # Same depth as `run`'s copy below, so the model path plan.yaml keeps relative to its folder still holds.
+    out = tmp_path_factory.mktemp("tuned") / "repo" / "mpt" / "bf16"
     res = CliRunner().invoke(main, ["tune", str(PLANTED), "--out", str(out), "-q"],
                              env={"MPT_TEST_FRAGILE": "1"})
     assert res.exit_code == 0, res.output

@@ -140,8 +140,6 @@ def tune_cmd(model_file: str | None, dtype: str, preset: str | None, tolerance: 
               "lower_is_better": options.lower_is_better, "device": device}
     journal = Journal(out / JOURNAL_NAME, header, resume=resume)
     renderer = _Renderer(quiet)
-    if speed_warning:
-        warn(speed_warning)
     inputs = user.example_inputs if user.inputs_fn is not None else None
     result = tune(user.build, user.evaluate, inputs, options, journal=journal, on_event=renderer)
     if speed_warning:
@@ -152,8 +150,8 @@ def tune_cmd(model_file: str | None, dtype: str, preset: str | None, tolerance: 
     out_console = console()
     for note in result.notes:
         out_console.print(f"note: {note}", markup=False)
-    for w in report["warnings"]:
-        if w != speed_warning:
+    if not quiet:  # after the run: a warning must never come before an error it does not explain
+        for w in report["warnings"]:
             warn(w)
     lat = report["latency_ms"]
     share = report["low_precision_flop_share"]

@@ -14,14 +14,7 @@ import click
 from . import exitcodes
 from .render import err
 
-
-class Interrupted(BaseException):
-    """Raised from a SIGTERM handler so cleanup runs like for Ctrl-C.
-
-    A BaseException, like KeyboardInterrupt, so that `except Exception` in
-    mpt or in the user's code (call_user turns Exceptions into failed trials)
-    does not swallow it.
-    """
+from tuner.errors import Interrupted
 
 
 def _sigterm(signum: int, frame: Any) -> None:

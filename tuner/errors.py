@@ -35,3 +35,20 @@ class PlanMismatchError(MptError):
 
 class DeviceError(MptError):
     """The device cannot run the requested dtype."""
+
+
+class OutputError(MptError):
+    """An output could not be written (disk full, permission): names the path and the cause."""
+
+
+class OutputFolderBusy(ConfigError):
+    """Another mpt run holds the output folder's lock."""
+
+
+class Interrupted(BaseException):
+    """SIGTERM, turned into an exception by the CLI so it unwinds like Ctrl-C.
+
+    A BaseException, like KeyboardInterrupt, so `except Exception` in mpt or in
+    the user's code does not swallow it. The tune session treats both the same:
+    it stops and keeps the best plan confirmed so far.
+    """

@@ -41,6 +41,59 @@ class OpInstance:
 
 
 @dataclass(frozen=True)
+class ModelRef:
+    """Which model a plan (or journal) was made for, recorded as data.
+
+    `file` is the model file and `build`/`eval`/`inputs` the function specs
+    the user gave (a name, or FILE.py:NAME), files relative to the plan's
+    folder; None means the default name. `structure` (module paths, parameter
+    names and shapes), `weights` (the FP32 state dict) and `source` (the
+    user's files) are digests from `tuner.fingerprint`.
+    """
+
+    file: str
+    build: str | None = None
+    eval: str | None = None
+    inputs: str | None = None
+    structure: str = ""
+    weights: str = ""
+    source: str = ""
+
+    FIELDS = ("file", "build", "eval", "inputs", "structure", "weights", "source")
+
+    def __post_init__(self) -> None:
+        problems = [f"model.{k}: expected a string, found {type(getattr(self, k)).__name__}"
+                    for k in self.FIELDS if getattr(self, k) is not None and not isinstance(getattr(self, k), str)]
+        if not self.file:
+            problems.append("model.file: missing")
+        if problems:
+            raise ConfigError(problems, source="plan")
+
+    def to_dict(self) -> dict[str, str]:
+        return {k: getattr(self, k) for k in self.FIELDS if getattr(self, k)}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "ModelRef":
+        if not isinstance(data, dict):
+            raise ConfigError(f"model: expected a mapping, found {type(data).__name__}", source="plan")
+        problems = check_keys(data, cls.FIELDS, where="model.")
+        if problems:
+            raise ConfigError(problems, source="plan")
+        return cls(**{k: data[k] for k in cls.FIELDS if k in data})
+
+    def check_structure(self, model: Any, *, what: str = "the plan") -> None:
+        """PlanMismatchError when `model` is not the architecture this was made for."""
+        if not self.structure:
+            return
+        from .errors import PlanMismatchError
+        from .fingerprint import structure_digest
+
+        if structure_digest(model) != self.structure:
+            raise PlanMismatchError(f"{what} was made for another model ({self.file}): its module tree or "
+                                    "parameter shapes differ from this model's")
+
+
+@dataclass(frozen=True)
 class Plan:
     dtype: str = "bf16"
     preset: str = "torch-cpu"
@@ -51,6 +104,8 @@ class Plan:
     fp32_instances: tuple[OpInstance, ...] = ()
     metrics: Mapping[str, Any] = field(default_factory=dict, compare=False)
     version: int = PLAN_VERSION
+    model: ModelRef | None = field(default=None, compare=False)
+    checkpoint_sha256: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -127,6 +182,10 @@ class Plan:
                                   for i in sorted(self.fp32_instances)]
         if self.metrics:
             data["metrics"] = dict(self.metrics)
+        if self.model is not None:
+            data["model"] = self.model.to_dict()
+        if self.checkpoint_sha256:
+            data["checkpoint_sha256"] = self.checkpoint_sha256
         return data
 
     def save(self, path: str | Path, *, header: str = "") -> None:
@@ -141,8 +200,18 @@ class Plan:
     def from_dict(cls, data: Any, *, source: str = "plan") -> "Plan":
         if not isinstance(data, dict):
             raise ConfigError(f"a plan is a YAML mapping, found {type(data).__name__}", source=source)
-        allowed = {"version", "dtype", "preset", "lower", "fp32", "promote", "modules", "fp32_instances", "metrics"}
+        allowed = {"version", "dtype", "preset", "lower", "fp32", "promote", "modules", "fp32_instances", "metrics",
+                   "model", "checkpoint_sha256"}
         problems = check_keys(data, allowed, where="")
+        model_ref = None
+        if data.get("model") is not None:
+            try:
+                model_ref = ModelRef.from_dict(data["model"])
+            except ConfigError as exc:
+                problems += exc.errors
+        digest = data.get("checkpoint_sha256")
+        if digest is not None and not isinstance(digest, str):
+            problems.append(f"checkpoint_sha256: expected a string, found {type(digest).__name__}")
         insts = []
         for n, item in enumerate(data.get("fp32_instances") or []):
             if not isinstance(item, dict) or not {"module", "op"} <= set(item):
@@ -174,6 +243,8 @@ class Plan:
                 fp32_instances=tuple(insts),
                 metrics=data.get("metrics") or {},
                 version=data.get("version", PLAN_VERSION),
+                model=model_ref,
+                checkpoint_sha256=digest,
             )
         except ConfigError as exc:
             raise ConfigError(exc.errors, source=source) from None

@@ -7,7 +7,8 @@ from typing import Any
 
 import click
 
-from .common import config_option, dtype_option, guarded, user_code_options
+from .common import guarded
+from .options import INSPECT, options
 from .render import console, fmt_err, is_tty
 
 EPILOG = """\b
@@ -19,27 +20,8 @@ Examples:
   mpt inspect --config configs/digits_sensor.yaml
 """
 
-# Config keys whose parameter has another name here (tuner.config.KEYS lists the keys).
-CONFIG_PARAMS = {"model": "model_file", "plan": "plan_path", "module": "module_overrides", "json": "as_json",
-                 "eval": "eval_fn", "inputs": "inputs_fn"}
-
-
-@click.command("inspect", epilog=EPILOG)
-@click.argument("model_file", metavar="MODEL.py[:build_fn]", required=False)
-@click.option("--preset", default=None, metavar="NAME", help="Preset to apply (see `mpt presets`). Default: torch-cpu.")
-@click.option("--plan", "plan_path", default=None, metavar="FILE|DIR",
-              help="Plan to apply: a plan.yaml or a `mpt tune` output folder.")
-@dtype_option(default=None)
-@click.option("--module", "module_overrides", multiple=True, metavar="PATH=DTYPE",
-              help="Per-module override, e.g. --module 'encoder.layers.0.*=fp32'. Repeatable.")
-@click.option("--lower-list", default=None, metavar="FILE",
-              help="Op-list file (one op per line, HMP/Gaudi format, or YAML) replacing the preset's "
-                   "lower-precision list.")
-@click.option("--fp32-list", default=None, metavar="FILE", help="Op-list file replacing the preset's FP32 list.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (records + summary) for scripts.")
-@click.option("--top", type=int, default=None, metavar="N", help="Show only the N calls with the largest error.")
-@config_option("inspect", CONFIG_PARAMS)
-@user_code_options
+@click.command(INSPECT, epilog=EPILOG)
+@options(INSPECT)
 @guarded
 def inspect_cmd(model_file: str | None, preset: str | None, plan_path: str | None, dtype: str | None,
                 module_overrides: tuple[str, ...], lower_list: str | None, fp32_list: str | None, as_json: bool,

@@ -4,15 +4,17 @@ from __future__ import annotations
 import click
 
 from . import exitcodes
+from .check_cmd import check_cmd
 from .inspect_cmd import inspect_cmd
 from .presets_cmd import presets_cmd
+from .tune_cmd import tune_cmd
 
 HELP = f"""mpt: find which ops of a PyTorch model can run in bfloat16/float16, and prove it.
 
 \b
 Your model file defines build_model() -> nn.Module, evaluate(model) -> float
 and optionally example_inputs() -> tuple. Point at another function with
-FILE.py:NAME or the --model/--eval/--inputs options.
+MODEL.py:NAME or the --build/--eval/--inputs options.
 
 \b
 Start with:
@@ -34,18 +36,5 @@ def main(ctx: click.Context, debug: bool) -> None:
     ctx.obj["debug"] = debug
 
 
-main.add_command(inspect_cmd)
-main.add_command(presets_cmd)
-
-try:  # commands added by later modules register themselves here
-    from .tune_cmd import tune_cmd
-
-    main.add_command(tune_cmd)
-except ImportError:  # pragma: no cover
-    pass
-try:
-    from .check_cmd import check_cmd
-
-    main.add_command(check_cmd)
-except ImportError:  # pragma: no cover
-    pass
+for _command in (inspect_cmd, tune_cmd, check_cmd, presets_cmd):
+    main.add_command(_command)

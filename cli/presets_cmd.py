@@ -4,13 +4,14 @@ from __future__ import annotations
 import click
 
 from .common import guarded
+from .options import PRESETS, options
 from .render import console, is_tty
 
 
-@click.command("presets", epilog="\b\nExamples:\n  mpt presets\n  mpt presets hmp\n  mpt presets torch-cpu --lists-only lower")
+@click.command(PRESETS,
+               epilog="\b\nExamples:\n  mpt presets\n  mpt presets hmp\n  mpt presets torch-cpu --lists-only lower")
 @click.argument("name", required=False)
-@click.option("--lists-only", type=click.Choice(["lower", "fp32", "promote"]), default=None,
-              help="Print just that list, one op per line (the HMP/Gaudi list-file format).")
+@options(PRESETS, config=False)
 @guarded
 def presets_cmd(name: str | None, lists_only: str | None) -> None:
     """List presets, or show one preset's op lists and rules.

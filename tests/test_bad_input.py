@@ -184,7 +184,7 @@ def test_internal_error_exit_code(runner, tmp_path, monkeypatch):
     def bug(*args, **kwargs):
         raise RuntimeError("something mpt got wrong")
 
-    monkeypatch.setattr(importlib.import_module("tuner.tune"), "tune", bug)
+    monkeypatch.setattr(importlib.import_module("tuner.run"), "tune_into_folder", bug)
     assert_error(tune(runner, tmp_path, model_file(tmp_path)), exitcodes.INTERNAL,
                  "internal error: RuntimeError: something mpt got wrong", "report it")
 
@@ -196,14 +196,14 @@ def test_ctrl_c_in_process_exits_130_and_keeps_the_journal(runner, tmp_path):
 
         def evaluate(model):
             CALLS.append(1)
-            if len(CALLS) == 2:
+            if len(CALLS) == 2:  # the baseline's second run
                 raise KeyboardInterrupt
             return 1.0
         """})
     res = tune(runner, tmp_path, path)
     assert_error(res, exitcodes.INTERRUPTED, "interrupted", "--resume")
     lines = [json.loads(x) for x in (tmp_path / "out" / "journal.jsonl").read_text().splitlines()]
-    assert [x.get("key") for x in lines if x["kind"] == "eval"] == ["baseline"]
+    assert [x.get("key") for x in lines if x["kind"] == "eval"] == ["baseline#1"]
     assert not list((tmp_path / "out").glob("*.tmp")) and not list((tmp_path / "out").glob(".*.tmp"))
 
 
@@ -296,15 +296,18 @@ def test_out_unwritable_folder(runner, tmp_path):
 
 
 def test_out_unwritable_folder_simulated(runner, tmp_path, monkeypatch):
-    # The same check, for CI runners that run as root (where chmod does not stop writes).
-    real = Path.write_text
+    # The same check, for CI runners that run as root (where chmod does not stop writes): the lock file
+    # is the first thing a run writes into --out.
+    import tuner.outfolder
 
-    def write_text(self, *args, **kwargs):
-        if self.name == ".mpt-write-test":
+    real = os.open
+
+    def fake_open(path, *args, **kwargs):
+        if Path(path).name == tuner.outfolder.LOCK_NAME:
             raise PermissionError(13, "Permission denied")
-        return real(self, *args, **kwargs)
+        return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "write_text", write_text)
+    monkeypatch.setattr(tuner.outfolder.os, "open", fake_open)
     assert_error(tune(runner, tmp_path, model_file(tmp_path)), exitcodes.USAGE,
                  "is not writable: Permission denied")
 

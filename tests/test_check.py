@@ -7,14 +7,17 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from cli import exitcodes
-from cli.check_cmd import check_plan
 from cli.main import main
+from tuner.check import CheckResult, check_plan, junit_xml
 
 ASSETS = Path(__file__).parent / "assets"
 PLANTED = ASSETS / "planted_model.py"  # MPT_TEST_FRAGILE=1: branches.0 must stay FP32; =2: branches.1 too
+# The same model; MPT_TEST_RETRAINED=1 changes its weights (not its structure) so that the tuned plan fails.
+RETRAINED = ASSETS / "planted_retrained.py"
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +25,7 @@ def tuned(tmp_path_factory) -> Path:
     """One `mpt tune` of the planted model (one fragile branch), shared by the tests (each copies it)."""
     # Same depth as `run`'s copy below, so the model path plan.yaml keeps relative to its folder still holds.
     out = tmp_path_factory.mktemp("tuned") / "repo" / "mpt" / "bf16"
-    res = CliRunner().invoke(main, ["tune", str(PLANTED), "--out", str(out), "-q"],
+    res = CliRunner().invoke(main, ["tune", str(RETRAINED), "--out", str(out), "-q"],
                              env={"MPT_TEST_FRAGILE": "1"})
     assert res.exit_code == 0, res.output
     return out
@@ -42,9 +45,15 @@ def check(runner, *args):
     return res
 
 
-def test_plan_records_its_model_relative_to_the_folder(tuned):
-    header = [line for line in (tuned / "plan.yaml").read_text().splitlines() if line.startswith("# model:")]
-    assert len(header) == 1 and header[0].endswith("planted_model.py")
+def recorded_model(folder: Path) -> dict:
+    return yaml.safe_load((folder / "plan.yaml").read_text())["model"]
+
+
+def test_plan_records_its_model_as_data(tuned):
+    ref = recorded_model(tuned)
+    assert ref["file"].endswith("planted_retrained.py")
+    assert {"structure", "weights", "source"} <= set(ref)
+    assert not any(line.startswith("# model:") for line in (tuned / "plan.yaml").read_text().splitlines())
 
 
 def test_pass_exit_0_with_a_verdict_line(runner, run):
@@ -56,7 +65,7 @@ def test_pass_exit_0_with_a_verdict_line(runner, run):
 
 
 def test_model_change_breaks_the_plan_exit_3(runner, run, monkeypatch):
-    monkeypatch.setenv("MPT_TEST_FRAGILE", "2")  # the model changed: a second op now needs FP32
+    monkeypatch.setenv("MPT_TEST_RETRAINED", "1")  # new weights: the head now needs FP32
     res = check(runner, run)
     assert res.exit_code == exitcodes.TARGET_NOT_MET, res.output
     assert res.stdout.startswith("check: FAIL ") and "< target 0.99" in res.stdout
@@ -69,7 +78,7 @@ def test_json(runner, run, monkeypatch):
     assert data["status"] == "pass" and data["exit_code"] == 0 and data["passed"] is True
     assert data["baseline"] == 1.0 and data["target"] == pytest.approx(0.99) and data["metric"] == 1.0
     assert data["dtype"] == "bf16" and data["weights"] == "fresh" and data["verdict"].startswith("check: PASS")
-    monkeypatch.setenv("MPT_TEST_FRAGILE", "2")
+    monkeypatch.setenv("MPT_TEST_RETRAINED", "1")
     res = check(runner, run, "--json")
     assert res.exit_code == exitcodes.TARGET_NOT_MET
     data = json.loads(res.stdout)
@@ -86,7 +95,7 @@ def test_junit_pass_and_fail(runner, run, tmp_path, monkeypatch):
     assert len(cases) == 1 and cases[0].find("failure") is None
     assert "check: PASS" in cases[0].find("system-out").text
 
-    monkeypatch.setenv("MPT_TEST_FRAGILE", "2")
+    monkeypatch.setenv("MPT_TEST_RETRAINED", "1")
     assert check(runner, run, "--junit", report).exit_code == exitcodes.TARGET_NOT_MET
     suite = ET.parse(report).getroot().find("testsuite")
     assert suite.get("failures") == "1"
@@ -103,7 +112,7 @@ def test_junit_reports_errors_too(runner, run, tmp_path):
     assert error is not None and "newer than this mpt reads" in error.get("message")
 
 
-def test_header_path_is_relative_to_the_folder(runner, tmp_path, monkeypatch):
+def test_model_path_is_relative_to_the_folder(runner, tmp_path, monkeypatch):
     monkeypatch.setenv("MPT_TEST_FRAGILE", "1")
     repo = tmp_path / "repo"
     (repo / "src").mkdir(parents=True)
@@ -111,25 +120,38 @@ def test_header_path_is_relative_to_the_folder(runner, tmp_path, monkeypatch):
     monkeypatch.chdir(repo)
     res = runner.invoke(main, ["tune", "src/model.py", "--out", "mpt/bf16", "-q"])
     assert res.exit_code == 0, res.output
-    assert "# model: ../../src/model.py\n" in (repo / "mpt" / "bf16" / "plan.yaml").read_text()
+    assert recorded_model(repo / "mpt" / "bf16")["file"] == "../../src/model.py"
     monkeypatch.chdir(tmp_path)  # any working directory
     assert check(runner, repo / "mpt" / "bf16").exit_code == 0
-    # The folder copied away from the model: the header's relative path no longer resolves.
+    # The folder copied away from the model: the recorded relative path no longer resolves.
     moved = tmp_path / "elsewhere" / "x"
     shutil.copytree(repo / "mpt" / "bf16", moved)
     res = check(runner, moved)
     assert res.exit_code == exitcodes.USAGE
-    assert "was written for ../../src/model.py, which is not there" in res.stderr
-    assert "pass --model-file" in res.stderr
-    assert check(runner, moved, "--model-file", repo / "src" / "model.py").exit_code == 0
+    assert "--model: the plan in" in res.stderr and "was made for ../../src/model.py" in res.stderr
+    assert "which is not there" in res.stderr
+    assert check(runner, moved, "--model", repo / "src" / "model.py").exit_code == 0
 
 
-def test_plan_without_model_header_needs_the_model_file(runner, run):
-    text = "\n".join(l for l in (run / "plan.yaml").read_text().splitlines() if not l.startswith("# model:"))
-    (run / "plan.yaml").write_text(text + "\n")
+def test_plan_without_a_model_needs_the_model_file(runner, run):
+    data = yaml.safe_load((run / "plan.yaml").read_text())
+    del data["model"]
+    (run / "plan.yaml").write_text(yaml.safe_dump(data))
     res = check(runner, run)
-    assert res.exit_code == exitcodes.USAGE and "does not say which model" in res.stderr
-    assert check(runner, run, "--model-file", PLANTED).exit_code == 0
+    assert res.exit_code == exitcodes.USAGE and "does not record which model" in res.stderr
+    assert res.stderr.startswith("mpt: error: --model: ")
+    assert check(runner, run, "--model", RETRAINED).exit_code == 0
+
+
+def test_plan_for_another_model_is_refused(runner, run, tmp_path, monkeypatch):
+    other = tmp_path / "other.py"
+    other.write_text(RETRAINED.read_text().replace("_Task(16,", "_Task(12,"))
+    res = check(runner, run, "--model", other)
+    assert res.exit_code == exitcodes.USAGE, res.output
+    assert "was made for another model" in res.stderr and "module tree or parameter shapes differ" in res.stderr
+    monkeypatch.setenv("MPT_TEST_FRAGILE", "2")  # the recorded model file, now with another architecture
+    res = check(runner, run)
+    assert res.exit_code == exitcodes.USAGE and "was made for another model" in res.stderr
 
 
 def test_missing_folder_and_missing_plan(runner, tmp_path):
@@ -161,13 +183,26 @@ def test_checkpoint_mode(runner, run):
     assert json.loads(res.stdout)["weights"] == "checkpoint"
 
 
+def record_checkpoint_digest(run: Path) -> None:
+    """Make plan.yaml vouch for the (edited) checkpoint, so the checks behind the digest are reached."""
+    from tuner.fingerprint import sha256_file
+
+    data = yaml.safe_load((run / "plan.yaml").read_text())
+    data["checkpoint_sha256"] = sha256_file(run / "model.safetensors")
+    (run / "plan.yaml").write_text(yaml.safe_dump(data))
+
+
 def test_truncated_or_corrupted_checkpoint(runner, run):
     ckpt = run / "model.safetensors"
     data = ckpt.read_bytes()
     ckpt.write_bytes(data[: len(data) // 2])
     res = check(runner, run, "--checkpoint")
+    assert res.exit_code == exitcodes.USAGE and "does not match plan.yaml: its sha256 differs" in res.stderr
+    record_checkpoint_digest(run)
+    res = check(runner, run, "--checkpoint")
     assert res.exit_code == exitcodes.USAGE and "truncated or corrupted" in res.stderr
     ckpt.write_bytes(b"\xff" * 64)
+    record_checkpoint_digest(run)
     res = check(runner, run, "--checkpoint")
     assert res.exit_code == exitcodes.USAGE and "truncated or corrupted" in res.stderr
 
@@ -182,6 +217,7 @@ def test_checkpoint_that_does_not_match_the_model(runner, run):
     tensors["extra.weight"] = tensors[sorted(tensors)[1]].clone()  # extra key
     del tensors[sorted(k for k in tensors if k != name and k != "extra.weight")[-1]]  # missing key
     save_file(tensors, str(ckpt))
+    record_checkpoint_digest(run)
     res = check(runner, run, "--checkpoint")
     assert res.exit_code == exitcodes.USAGE
     for fragment in ("does not match this model", "missing from the checkpoint", "not in the model: extra.weight",
@@ -191,13 +227,13 @@ def test_checkpoint_that_does_not_match_the_model(runner, run):
 
 def test_user_code_failing_in_check(runner, run, tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text(PLANTED.read_text() + "\n\ndef evaluate(model):\n    raise ValueError('dataset moved')\n")
-    res = check(runner, run, "--model-file", bad)
+    bad.write_text(RETRAINED.read_text() + "\n\ndef evaluate(model):\n    raise ValueError('dataset moved')\n")
+    res = check(runner, run, "--model", bad)
     assert res.exit_code == exitcodes.USER_CODE and "evaluate raised ValueError: dataset moved (bad.py:" in res.stderr
 
 
 def test_tolerance_override(runner, run, monkeypatch):
-    monkeypatch.setenv("MPT_TEST_FRAGILE", "2")
+    monkeypatch.setenv("MPT_TEST_RETRAINED", "1")
     res = check(runner, run, "--tolerance", "0.9", "--json")
     data = json.loads(res.stdout)
     assert data["tolerance"] == 0.9 and data["status"] == "pass"
@@ -205,19 +241,37 @@ def test_tolerance_override(runner, run, monkeypatch):
 
 def test_library_function_without_click(run):
     result = check_plan(str(run))
-    assert result.passed and result.metric == 1.0 and result.plan.endswith("plan.yaml")
-    assert result.verdict().startswith("check: PASS")
+    assert isinstance(result, CheckResult) and result.passed and result.metric == 1.0
+    assert result.plan.endswith("plan.yaml") and result.spread == 0.0 and result.margin == 0.0
+    assert result.verdict().startswith("check: PASS") and "noise" not in result.verdict()
+    with pytest.raises(Exception):
+        result.passed = False  # frozen
+
+
+def test_junit_xml_is_built_by_the_library():
+    root = ET.fromstring(junit_xml("case", seconds=1.5, failure="check: FAIL", details="why").split("\n", 1)[1])
+    case = root.find("testsuite").find("testcase")
+    assert case.get("name") == "case" and case.find("failure").text == "why"
+
+
+def test_junit_that_cannot_be_written_exits_2(runner, run, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    res = check(runner, run, "--junit", blocker / "mpt.xml")
+    assert res.exit_code == exitcodes.USAGE and "cannot write the JUnit report" in res.stderr
+    res = check(runner, run, "--junit", tmp_path)
+    assert res.exit_code == exitcodes.USAGE and res.stderr.startswith(f"mpt: error: --junit: {tmp_path} is a folder")
 
 
 def test_function_names_given_to_tune_are_recorded_for_check(runner, tmp_path, monkeypatch):
-    source = PLANTED.read_text().replace("def build_model(", "def make(").replace("def evaluate(", "def score(")
+    source = RETRAINED.read_text().replace("def build_model(", "def make(").replace("evaluate = ", "score = ")
     (tmp_path / "model.py").write_text(source)
     monkeypatch.setenv("MPT_TEST_FRAGILE", "1")
     monkeypatch.chdir(tmp_path)
     res = runner.invoke(main, ["tune", "model.py:make", "--eval", "score", "--out", "run", "-q"])
     assert res.exit_code == 0, res.output
-    text = (tmp_path / "run" / "plan.yaml").read_text()
-    assert "# model: ../model.py:make\n" in text and "# eval: score\n" in text
+    ref = recorded_model(tmp_path / "run")
+    assert (ref["file"], ref["build"], ref["eval"]) == ("../model.py", "make", "score") and "inputs" not in ref
     assert check(runner, "run").exit_code == 0
-    monkeypatch.setenv("MPT_TEST_FRAGILE", "2")
+    monkeypatch.setenv("MPT_TEST_RETRAINED", "1")
     assert check(runner, "run").exit_code == exitcodes.TARGET_NOT_MET

@@ -98,4 +98,15 @@ def test_tune_end_to_end_and_load(runner, tmp_path):
 def test_tune_plain_output_has_one_line_per_trial(runner, tmp_path):
     res = runner.invoke(main, ["tune", SENSOR, "--out", str(tmp_path / "o")])
     trial_lines = [l for l in res.output.splitlines() if l.startswith("eval ")]
-    assert len(trial_lines) == json.loads((tmp_path / "o" / "report.json").read_text())["evaluations"] - 1
+    trials = json.loads((tmp_path / "o" / "report.json").read_text())["trials"]
+    assert len(trial_lines) == sum(not t.get("baseline") for t in trials)
+
+
+def test_build_picks_the_builder(runner, tmp_path):
+    model = tmp_path / "model.py"
+    model.write_text((Path(__file__).parent / "assets" / "valid_model.py").read_text()
+                     .replace("def build_model(", "def make("))
+    res = runner.invoke(main, ["inspect", str(model), "--json"])
+    assert res.exit_code == 2 and "has no function 'build_model'" in res.stderr
+    res = runner.invoke(main, ["inspect", str(model), "--build", "make", "--json"])
+    assert res.exit_code == 0, res.output

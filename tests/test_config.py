@@ -9,7 +9,8 @@ import yaml
 
 from cli import exitcodes
 from cli.main import main
-from tuner.config import KEYS, load_config, validate_config
+from cli.options import config_schema
+from tuner.config import load_config, validate_config
 from tuner.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,6 +18,7 @@ SHIPPED = sorted((ROOT / "configs").glob("*.yaml"))
 ASSETS = Path(__file__).parent / "assets"
 
 MODEL = (ASSETS / "valid_model.py").read_text()
+SCHEMA = config_schema(main.commands.values())
 
 
 def write_config(path: Path, text: str) -> Path:
@@ -27,12 +29,14 @@ def write_config(path: Path, text: str) -> Path:
 
 def problems(text: str, tmp_path: Path) -> list[str]:
     with pytest.raises(ConfigError) as info:
-        load_config(write_config(tmp_path / "c.yaml", text))
+        load_config(write_config(tmp_path / "c.yaml", text), SCHEMA)
     return info.value.errors
 
 
-def journal_header(out: Path) -> dict:
-    return json.loads((out / "journal.jsonl").read_text().splitlines()[0])
+def tuned_settings(out: Path) -> dict:
+    """What a tune run in `out` was run with, from its plan.yaml."""
+    plan = yaml.safe_load((out / "plan.yaml").read_text())
+    return {"dtype": plan["dtype"], **plan["metrics"]}
 
 
 # --- the shipped configs ------------------------------------------------------------------------------------
@@ -48,9 +52,9 @@ def test_shipped_config_validates(path):
     assert raw["version"] == 1
     assert path.read_text().lstrip().startswith("#"), "shipped configs are commented"
     for command in ("tune", "inspect", "check"):
-        values = load_config(path, command=command)
+        values = load_config(path, SCHEMA, command=command)
         assert Path(values["model"]).is_file(), values["model"]  # relative to the config file, not the cwd
-    assert Path(load_config(path)["out"]).parent == ROOT / "runs"
+    assert Path(load_config(path, SCHEMA)["out"]).parent == ROOT / "runs"
 
 
 def test_shipped_config_tune_then_check_end_to_end(runner, tmp_path, monkeypatch):
@@ -76,11 +80,11 @@ def test_every_problem_reported_at_once(tmp_path):
                      "max_evals: ten\ntolerance: 2\nabsolute: 'yes'\n", tmp_path)
     assert len(found) == 8, found
     text = "\n".join(found)
-    assert "model: expected a string, found 3 (int)" in text
+    assert "model: expected a path (string), found 3 (int)" in text
     assert "tolerence: unknown key; did you mean 'tolerance'?" in text
     assert "lower-is-better: unknown key; config keys use underscores: write 'lower_is_better'" in text
     assert "dtype: expected one of bf16, fp16, bfloat16, float16, half, found 'fp8'" in text
-    assert "preset: expected one of" in text and "found 'hmpp'; did you mean 'hmp'" in text
+    assert "preset: unknown preset 'hmpp'; did you mean hmp" in text
     assert "max_evals: expected an integer, found 'ten' (str)" in text
     assert "absolute: expected true or false, found 'yes' (str)" in text
     assert "tolerance: a relative tolerance must be below 1" in text
@@ -90,7 +94,7 @@ def test_every_problem_reported_at_once(tmp_path):
     ("version: 1\ntolerance: -0.1\n", "tolerance: expected a number >= 0, found -0.1"),
     ("version: 1\ntolerance: .nan\n", "tolerance: expected a number, found nan"),
     ("version: 1\ntolerance: '1%'\n", "tolerance: expected a number, found '1%' (str)"),
-    ("version: 1\nmax_evals: 1\n", "max_evals: expected an integer >= 2, found 1"),
+    ("version: 1\nmax_evals: 1\n", "max_evals: expected an integer >= 3, found 1"),
     ("version: 1\nmax_evals: 2.5\n", "max_evals: expected an integer, found 2.5"),
     ("version: 1\ntime_budget: 0\n", "time_budget: expected a number > 0, found 0"),
     ("version: 1\ndevice: tpu\n", "device: expected one of cpu, cuda, found 'tpu'"),
@@ -100,6 +104,9 @@ def test_every_problem_reported_at_once(tmp_path):
     ("version: 1\nout: [a, b]\n", "out: expected a path (string), found a list"),
     ("version: 2\n", "config version 2 is newer than this mpt reads (1); upgrade mpt-tuner"),
     ("version: 0\n", "version: expected 1, found 0"),
+    ("model: m.py\n", "version: missing; a config starts with `version: 1`"),
+    ("version: '1'\n", "version: expected an integer, found '1' (str)"),
+    ("version: 1\nmodel_fn: make\n", "model_fn: unknown key; did you mean"),
     ("version: 1\nmax_eval: 3\n", "max_eval: unknown key; did you mean 'max_evals'"),
     ("version: 1\nmodle: m.py\n", "'model'"),
     ("version: 1\n42: x\n", "42: unknown key"),
@@ -109,33 +116,35 @@ def test_single_problem_messages(tmp_path, text, fragment):
 
 
 def test_absolute_tolerance_may_be_large(tmp_path):
-    values = load_config(write_config(tmp_path / "c.yaml", "version: 1\ntolerance: 5\nabsolute: true\n"))
+    values = load_config(write_config(tmp_path / "c.yaml", "version: 1\ntolerance: 5\nabsolute: true\n"), SCHEMA)
     assert values == {"tolerance": 5, "absolute": True}
 
 
 def test_not_a_mapping_empty_malformed_and_unsafe(tmp_path):
     with pytest.raises(ConfigError, match="a config is a YAML mapping"):
-        load_config(write_config(tmp_path / "a.yaml", "- model.py\n- bf16\n"))
+        load_config(write_config(tmp_path / "a.yaml", "- model.py\n- bf16\n"), SCHEMA)
     with pytest.raises(ConfigError, match="the config is empty"):
-        load_config(write_config(tmp_path / "b.yaml", "# nothing\n"))
+        load_config(write_config(tmp_path / "b.yaml", "# nothing\n"), SCHEMA)
     with pytest.raises(ConfigError, match=r"malformed YAML at line \d+, column \d+"):
-        load_config(write_config(tmp_path / "c.yaml", "version: 1\nmodel: [model.py\n"))
+        load_config(write_config(tmp_path / "c.yaml", "version: 1\nmodel: [model.py\n"), SCHEMA)
     # yaml.safe_load only: python tags are rejected, never run.
     marker = tmp_path / "pwned"
     with pytest.raises(ConfigError, match="malformed YAML"):
         load_config(write_config(tmp_path / "d.yaml",
-                                 f"version: 1\nmodel: !!python/object/apply:os.system ['touch {marker}']\n"))
+                                 f"version: 1\nmodel: !!python/object/apply:os.system ['touch {marker}']\n"), SCHEMA)
     assert not marker.exists()
     with pytest.raises(ConfigError, match="config file not found"):
-        load_config(tmp_path / "missing.yaml")
+        load_config(tmp_path / "missing.yaml", SCHEMA)
 
 
 def test_paths_relative_to_the_config_file(tmp_path):
     cfg = write_config(tmp_path / "ci" / "mpt.yaml",
                        "version: 1\nmodel: ../src/model.py:make\neval: metrics.py:score\ninputs: batch\n"
+                       "build: other.py:make\n"
                        "out: ../runs/bf16\nplan: /abs/plan.yaml\njunit: reports/mpt.xml\nlower_list: ops.txt\n")
-    values = load_config(cfg)
+    values = load_config(cfg, SCHEMA)
     assert values["model"] == str(tmp_path / "src" / "model.py") + ":make"
+    assert values["build"] == str(tmp_path / "ci" / "other.py") + ":make"
     assert values["eval"] == str(tmp_path / "ci" / "metrics.py") + ":score"
     assert values["inputs"] == "batch"  # a bare function name is not a path
     assert values["out"] == str(tmp_path / "runs" / "bf16")
@@ -146,11 +155,11 @@ def test_paths_relative_to_the_config_file(tmp_path):
 
 def test_each_command_takes_its_own_keys(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", "version: 1\nmodel: m.py\nmax_evals: 5\ntop: 3\njunit: r.xml\n")
-    assert set(load_config(cfg, command="tune")) == {"model", "max_evals"}
-    assert set(load_config(cfg, command="inspect")) == {"model", "top"}
-    assert set(load_config(cfg, command="check")) == {"model", "junit"}
-    assert set(validate_config({"version": 1}, command="tune")) == set()
-    assert all(k == k.lower() and "-" not in k for k in KEYS)
+    assert set(load_config(cfg, SCHEMA, command="tune")) == {"model", "max_evals"}
+    assert set(load_config(cfg, SCHEMA, command="inspect")) == {"model", "top"}
+    assert set(load_config(cfg, SCHEMA, command="check")) == {"model", "junit"}
+    assert set(validate_config({"version": 1}, SCHEMA, command="tune")) == set()
+    assert all(k == k.lower() and "-" not in k for k in SCHEMA)
 
 
 # --- through the CLI ------------------------------------------------------------------------------------
@@ -178,16 +187,15 @@ def test_precedence_defaults_config_flags(runner, tmp_path, monkeypatch):
     res = runner.invoke(main, ["tune", "--config", str(cfg)])
     assert res.exit_code == 0, res.output
     out = tmp_path / "project" / "runs" / "a"
-    header = journal_header(out)
+    header = tuned_settings(out)
     assert header["tolerance"] == 0.2 and header["dtype"] == "bf16"  # config value; default dtype
     assert "eval " not in res.stdout and "target met" in res.stdout  # quiet: true from the config
 
     res = runner.invoke(main, ["tune", "--config", str(cfg), "--tolerance", "0.05", "--dtype", "fp16",
                                "--out", "b"])
     assert res.exit_code == 0, res.output
-    header = journal_header(tmp_path / "b")  # a command-line path is relative to the working directory
+    header = tuned_settings(tmp_path / "b")  # a command-line path is relative to the working directory
     assert header["tolerance"] == 0.05 and header["dtype"] == "fp16"
-    assert yaml.safe_load((tmp_path / "b" / "plan.yaml").read_text())["metrics"]["tolerance"] == 0.05
 
 
 def test_model_argument_wins_over_config_and_is_optional_with_it(runner, tmp_path):

@@ -10,6 +10,7 @@ import tuner
 from tuner.engine import PrecisionEngine
 from tuner.errors import ConfigError
 from tuner.policy import Policy
+from tuner.rules import Rule
 
 BF16, F32, F64 = torch.bfloat16, torch.float32, torch.float64
 
@@ -71,25 +72,32 @@ def test_float64_and_integer_tensors_are_never_cast():
     lin = nn.Linear(4, 3).double()
     out, ds = run(TORCHLIKE, lambda: lin(torch.randn(2, 4, dtype=F64)))
     assert out.dtype == F64 and ds[-1].casts == 0
+    # The decision says what really ran: float64, not the lower list's bf16 (and tune never picks it).
+    assert (ds[-1].rule, ds[-1].compute, ds[-1].forced) == (Rule.FLOAT64, "fp64", True)
     emb = nn.Embedding(10, 4)
     idx = torch.tensor([1, 2])
     out, _ = run(HMPLIKE, lambda: emb(idx) + 0)
     assert idx.dtype == torch.long and out.dtype == F32
+    ints = torch.ones(2, 2, dtype=torch.long)
+    out, ds = run(TORCHLIKE, lambda: torch.matmul(ints, ints))
+    assert out.dtype == torch.long and (ds[-1].rule, ds[-1].compute, ds[-1].reason) == (
+        Rule.NO_FLOAT, "-", "no floating-point input")
 
 
 def test_explicit_dtype_argument_wins():
     x = torch.randn(2, 5, dtype=BF16)
     out, ds = run(TORCHLIKE, lambda: torch.softmax(x, -1, dtype=torch.float64))
     assert out.dtype == F64 and ds[-1].reason == "explicit dtype= wins" and ds[-1].casts == 0
+    assert ds[-1].rule is Rule.EXPLICIT_DTYPE and ds[-1].forced
 
 
 def test_inplace_and_out_follow_the_policy_rule():
     a, b = torch.randn(3, dtype=BF16), torch.randn(3)
     _, ds = run(TORCHLIKE, lambda: a.add_(b))
-    assert ds[-1].reason.startswith("in-place: not autocast") and ds[-1].casts == 0
+    assert ds[-1].rule is Rule.INPLACE and ds[-1].reason == "in-place: not autocast" and ds[-1].casts == 0
     a2, b2 = torch.randn(3, dtype=BF16), torch.randn(3)
     _, ds = run(HMPLIKE, lambda: a2.add_(b2))
-    assert ds[-1].rule == "first_input" and ds[-1].casts == 1
+    assert ds[-1].rule is Rule.INPLACE_FIRST_INPUT and ds[-1].casts == 1
     x = torch.randn(3, dtype=BF16)
     x2 = x.clone()
 
@@ -99,11 +107,12 @@ def test_inplace_and_out_follow_the_policy_rule():
         return x2
 
     out, ds = run(HMPLIKE, iadd)
-    assert out.dtype == BF16 and ds[-1].op == "add_" and ds[-1].rule == "first_input"
+    assert out.dtype == BF16 and ds[-1].op == "add_" and ds[-1].rule is Rule.INPLACE_FIRST_INPUT
     dst = torch.empty(2, 3)
     w = torch.randn(3, 4)
     _, ds = run(TORCHLIKE, lambda: torch.matmul(torch.randn(2, 4), w.t(), out=dst))
-    assert dst.dtype == F32 and ds[-1].reason.startswith("out=")
+    assert dst.dtype == F32 and ds[-1].rule is Rule.OUT and ds[-1].reason == "out=: not autocast"
+    assert all(d.forced for d in ds[-1:])
 
 
 def test_disable_casts_turns_everything_off():
@@ -170,6 +179,13 @@ def test_module_overrides_take_precedence_and_reach_children():
     sm = nn.Softmax(-1)
     _, ds = run(TORCHLIKE, lambda: sm(x), root=sm, module_overrides={"": BF16})
     assert ds[-1].compute == "bf16"
+    assert (ds[-1].rule, ds[-1].reason, ds[-1].forced) == (Rule.MODULE, "module override: bf16", False)
+
+
+def test_alias_hit_names_the_listed_op_and_is_not_forced():
+    a, b = torch.randn(2, 3), torch.randn(3, 2)
+    _, ds = run(Policy("seed", lower=frozenset({"__matmul__"})), lambda: a @ b)  # `a @ b` arrives as matmul
+    assert ds[-1].rule is Rule.LOWER and ds[-1].reason == "lower list (as __matmul__)" and not ds[-1].forced
 
 
 def test_instance_overrides_pick_one_call():

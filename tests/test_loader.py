@@ -367,36 +367,12 @@ def test_build_returns_non_module(tmp_path):
     assert msg.startswith("state returned dict") and "expected a torch.nn.Module" in msg
 
 
-def test_where_is_innermost_user_frame_not_torch(tmp_path):
-    path = write(tmp_path, "model.py", """\
-        import torch
-        from torch import nn
-
-
-        class Net(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.fc = nn.Linear(4, 2)
-
-            def forward(self, x):
-                return self.fc(x)  # FORWARD
-
-
-        def build_model():
-            return Net()
-
-
-        def run(model):
-            return model(torch.ones(3, 5))  # CALL
-
-
-        def evaluate(model):
-            return run(model).sum()
-        """)
+def test_where_is_innermost_user_frame_not_torch():
+    path = ASSETS / "wrong_shape.py"
     user = load_user_model(str(path))
     with pytest.raises(UserCodeError) as info:
         user.evaluate(user.build())
-    assert info.value.where == f"model.py:{line_of(path, '# FORWARD')}"
+    assert info.value.where == f"wrong_shape.py:{line_of(path, '# FORWARD')}"
     assert one_line(info.value).startswith("evaluate raised RuntimeError: ")
 
 

@@ -84,7 +84,7 @@ def test_malformed_yaml(tmp_path):
     path = write(tmp_path, "broken.yaml", "ops: [linear, conv2d\n  - : :\n")
     with pytest.raises(ConfigError) as exc:
         read_op_list(path)
-    assert "not valid YAML" in str(exc.value)
+    assert "malformed YAML at line 2" in str(exc.value)
     assert str(path) in str(exc.value)
 
 

@@ -17,6 +17,7 @@ import yaml
 
 from tuner.opnames import ALIASES, known_op_names
 from tuner.policy import Policy, load_preset, preset_names
+from tuner.rules import Rule
 
 REPO = Path(__file__).resolve().parents[1]
 PRESET_DIR = REPO / "configs" / "presets"
@@ -312,7 +313,7 @@ def test_hmp_list_precedence_over_promote():
     assert pol.rule_for("div")[0] == "fp32"  # in FP32 and multi-input lists: FP32 list wins
     assert pol.rule_for("add")[0] == "promote"
     assert pol.rule_for("tanh")[0] == "first_input"
-    assert load_preset("hmp-o2").rule_for("softmax")[0] == "fp32"
+    assert load_preset("hmp-o2").rule_for("softmax") == (Rule.UNLISTED_FP32, "unlisted: fp32")  # O2: FP32 by default
 
 
 # --------------------------------------------------------------------------------------------------

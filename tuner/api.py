@@ -20,13 +20,28 @@ log = logging.getLogger("tuner")
 PolicyLike = str | Path | Plan | Policy
 
 
+def as_plan(policy: PolicyLike) -> PolicyLike:
+    """A plan file or folder read into a Plan; anything else as given."""
+    if isinstance(policy, (str, Path)) and (str(policy).endswith((".yaml", ".yml")) or Path(policy).is_dir()):
+        return Plan.load(policy)
+    return policy
+
+
+def check_plan_fits(policy: PolicyLike, model: nn.Module | None) -> None:
+    """PlanMismatchError when `policy` is a plan recorded for another architecture than `model`.
+
+    Plans without `model:` (older or hand-written ones) are accepted as they are.
+    """
+    if model is not None and isinstance(policy, Plan) and policy.model is not None:
+        policy.model.check_structure(model)
+
+
 def resolve(policy: PolicyLike, dtype: str | torch.dtype | None = None,
             modules: Mapping[str, str | torch.dtype] | None = None) -> tuple[Policy, torch.dtype, dict, dict]:
     """(policy, dtype, module overrides, instance overrides) from a preset name, plan file or object."""
     instances: dict = {}
     mods: dict = {}
-    if isinstance(policy, (str, Path)) and (str(policy).endswith((".yaml", ".yml")) or Path(policy).is_dir()):
-        policy = Plan.load(policy)
+    policy = as_plan(policy)
     if isinstance(policy, Plan):
         pol = policy.policy()
         default_dtype = policy.torch_dtype
@@ -65,6 +80,7 @@ class autocast:
     `verbose=True` logs every decision to the `tuner` logger; a callable gets each Decision.
     `engine="auto"` uses torch.autocast itself when the policy is its own list and
     nothing needs per-call Python; `"python"` always uses mpt's engine.
+    A plan that records another model's structure than `model` is refused.
     """
 
     def __init__(self, policy: PolicyLike = "torch-cpu", dtype: str | torch.dtype | None = None, *,
@@ -73,6 +89,8 @@ class autocast:
                  recorder: Callable[..., None] | None = None, engine: str = "auto",
                  lower_list: str | Path | None = None, fp32_list: str | Path | None = None,
                  dry_run: bool = False) -> None:
+        policy = as_plan(policy)
+        check_plan_fits(policy, model)
         pol, lower, mods, instances = resolve(policy, dtype, modules)
         if lower_list or fp32_list:
             pol = custom_policy(pol, lower_file=lower_list, fp32_file=fp32_list)
@@ -160,7 +178,10 @@ def attach(model: nn.Module, policy: PolicyLike, dtype: str | torch.dtype | None
     torch.autocast and only the modules that own a per-instance or per-module
     override run under mpt's engine (scoped), so a tuned model pays per-op
     Python cost only where its plan differs from torch's lists.
+    Raises PlanMismatchError when the plan was made for another model.
     """
+    policy = as_plan(policy)
+    check_plan_fits(policy, model)
     detach(model)
     pol, lower, mods, instances = resolve(policy, dtype)
     if engine == "auto" and _native_ok(pol) and (instances or mods):
@@ -275,4 +296,5 @@ def attached(model: nn.Module) -> autocast | None:
     return state[0] if state else None
 
 
-__all__ = ["autocast", "convert", "revert", "attach", "detach", "attached", "resolve", "short_name"]
+__all__ = ["autocast", "convert", "revert", "attach", "detach", "attached", "resolve", "as_plan", "check_plan_fits",
+           "short_name"]

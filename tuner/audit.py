@@ -16,10 +16,12 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import Tensor, nn
 
-from .api import PolicyLike, autocast
+from .api import PolicyLike, as_plan, autocast
 from .dtypes import LOWER_DTYPES, parse_dtype, short_name
 from .engine import Decision
 from .flops import first_tensor, op_flops
+from .loader import call_forward
+from .rules import Rule
 
 _LOWER_NAMES = {short_name(d) for d in LOWER_DTYPES}
 
@@ -32,7 +34,7 @@ class OpRecord:
     input_dtypes: tuple[str, ...]
     dtype: str
     output_dtype: str
-    rule: str
+    rule: Rule
     reason: str
     casts: int
     flops: int
@@ -102,15 +104,17 @@ def _cast_like(x: Any, target: torch.dtype) -> Any:
     return x
 
 
-def _call(model: nn.Module, inputs: tuple) -> Any:
-    return model(*inputs)
-
-
 def inspect_model(model: nn.Module, inputs: tuple, policy: PolicyLike = "torch-cpu",
                   dtype: str | torch.dtype | None = None, *,
                   modules: Mapping[str, str] | None = None,
                   local_errors: bool = True) -> InspectResult:
-    """Explain, per op call, the precision `policy` gives `model(*inputs)` and the error it adds."""
+    """Explain, per op call, the precision `policy` gives `model(*inputs)` and the error it adds.
+
+    The model's forward runs through `call_forward`, so a failure in it is a
+    UserCodeError naming the user's line; a plan made for another model is
+    refused (PlanMismatchError) before anything runs.
+    """
+    policy = as_plan(policy)  # a plan file is read (and checked against the model) once
     probe = autocast(policy, dtype, model=model, modules=modules, recorder=lambda *a: None, engine="python")
     pol, lower = probe.policy, probe.dtype
 
@@ -125,7 +129,7 @@ def inspect_model(model: nn.Module, inputs: tuple, policy: PolicyLike = "torch-c
 
     with torch.no_grad(), autocast(policy, dtype, model=model, modules=modules, recorder=record_ref,
                                    engine="python", dry_run=True):
-        fp32_output = _call(model, inputs)
+        fp32_output = call_forward(model, inputs)
 
     records: list[OpRecord] = []
 
@@ -138,7 +142,7 @@ def inspect_model(model: nn.Module, inputs: tuple, policy: PolicyLike = "torch-c
             rfunc, rargs, rkwargs = ref_in[key]
             try:
                 target = parse_dtype(d.compute) if d.compute in ("bf16", "fp16", "fp32") else None
-                if target is not None and "out" not in rkwargs and not d.reason.startswith(("in-place", "out=")):
+                if target is not None and not d.rule.mutates:
                     shadow = rfunc(*_cast_like(rargs, target), **{k: _cast_like(v, target) for k, v in rkwargs.items()})
                     local = relative_error(shadow, ref)
             except Exception:  # an op that cannot be replayed simply has no local error
@@ -153,7 +157,7 @@ def inspect_model(model: nn.Module, inputs: tuple, policy: PolicyLike = "torch-c
 
     with torch.no_grad(), autocast(policy, dtype, model=model, modules=modules, recorder=record_policy,
                                    engine="python"):
-        output = _call(model, inputs)
+        output = call_forward(model, inputs)
 
     float_calls = [r for r in records if r.dtype != "-"]
     lower_calls = [r for r in float_calls if r.dtype in _LOWER_NAMES]

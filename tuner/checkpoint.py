@@ -16,10 +16,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from .api import attach
+from .api import attach, check_plan_fits
 from .engine import Decision, PrecisionEngine
 from .errors import PlanMismatchError
 from .fileio import atomic_write
+from .fingerprint import sha256_file
 from .plan import Plan
 
 CHECKPOINT_NAME = "model.safetensors"
@@ -66,13 +67,19 @@ def load(model: nn.Module, directory: str | Path, *, engine: str = "auto") -> nn
     """Load `mpt tune`'s output into a freshly built FP32 model and attach its plan.
 
     The returned model runs under the plan with no `with` block. Raises
-    PlanMismatchError when the checkpoint or plan does not fit the model.
+    PlanMismatchError when the plan was made for another model, when the
+    checkpoint's sha256 differs from the one plan.yaml records, or when the
+    checkpoint does not fit the model; the model is left untouched then.
     """
     directory = Path(directory)
     plan = Plan.load(directory / "plan.yaml")
+    check_plan_fits(plan, model)
     ckpt = directory / CHECKPOINT_NAME
     if not ckpt.is_file():
         raise PlanMismatchError(f"no {CHECKPOINT_NAME} in {directory}")
+    if plan.checkpoint_sha256 and sha256_file(ckpt) != plan.checkpoint_sha256:
+        raise PlanMismatchError(f"{CHECKPOINT_NAME} does not match plan.yaml: its sha256 differs (corrupted or "
+                                f"replaced) in {directory}")
     try:
         tensors = load_file(str(ckpt))
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:

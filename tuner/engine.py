@@ -33,7 +33,8 @@ from torch.overrides import TorchFunctionMode
 
 from .dtypes import short_name
 from .opnames import SKIP, canonical_name, is_inplace, is_python_composite
-from .policy import BANNED, FIRST_INPUT, FP32, LOWER, PASSTHROUGH, PROMOTE, Policy
+from .policy import Policy
+from .rules import Rule
 from .tracker import OUTSIDE, ModuleTracker
 
 _F64 = torch.float64
@@ -49,16 +50,30 @@ def casts_disabled() -> bool:
 
 @dataclass(frozen=True)
 class Decision:
-    """What the engine decided for one op call (for the verbose log and `mpt inspect`)."""
+    """What the engine decided for one op call (for the verbose log, `mpt inspect` and the tuner).
+
+    `rule` says why, as data; `detail` completes its display text (the
+    override's dtype, or `as matmul` when an alias matched the op lists).
+    """
 
     module: str
     op: str
     index: int
     in_dtypes: tuple[str, ...]
     compute: str  # dtype it computed in ("-" when no float input)
-    rule: str
-    reason: str
+    rule: Rule
     casts: int
+    detail: str = ""
+
+    @property
+    def reason(self) -> str:
+        """Display text: `lower list`, `in-place: not autocast`, `module override: fp32`."""
+        return self.rule.describe(self.detail)
+
+    @property
+    def forced(self) -> bool:
+        """The policy could not choose this call's precision (in-place, out=, explicit dtype=, nothing castable)."""
+        return self.rule.forced
 
 
 InstanceKey = tuple[str, str, int]  # (module path, op name, call index within that module)
@@ -70,8 +85,8 @@ class _FuncInfo:
     skip: bool
     inplace: bool
     transparent: bool
-    rule: str
-    reason: str
+    rule: Rule
+    detail: str
     clone: Callable[..., Any] | None = None
     fast: bool = False  # passthrough with nothing to record: call straight through
 
@@ -216,11 +231,11 @@ class PrecisionEngine(TorchFunctionMode):
         skip = raw in SKIP or name in SKIP or raw in ("__get__", "__set__")
         named = self.policy.names(name)
         transparent = not skip and not named and is_python_composite(func)
-        rule, reason = self.policy.rule_for(name)
+        rule, detail = self.policy.lookup(name)
         info = _FuncInfo(name=name, skip=skip, inplace=is_inplace(name), transparent=transparent,
-                         rule=rule, reason=reason,
+                         rule=rule, detail=detail,
                          clone=_unchecked_clone(func) if transparent else None)  # type: ignore[arg-type]
-        info.fast = skip or (rule == PASSTHROUGH and not transparent and not self._need_index
+        info.fast = skip or (rule is Rule.PASSTHROUGH and not transparent and not self._need_index
                              and not self.module_overrides and name not in _ATEN_NAME)
         self._infos[func] = info
         return info
@@ -242,14 +257,13 @@ class PrecisionEngine(TorchFunctionMode):
                     TorchFunctionMode.__exit__(self, None, None, None)
                     active.discard(func)
 
-        rule, reason, name = info.rule, info.reason, info.name
+        rule, detail, name = info.rule, info.detail, info.name
         refine = _ATEN_NAME.get(name)
         if refine is not None:
             aten = refine(args, kwargs)
-            if aten is not None:
-                aten_rule, aten_reason = self.policy.rule_for(aten)
-                if aten_rule != self.policy.unlisted:  # the policy names the ATen op: its rule applies
-                    name, rule, reason = aten, aten_rule, aten_reason
+            if aten is not None and self.policy.names(aten):  # the policy names the ATen op: its rule applies
+                name = aten
+                rule, detail = self.policy.lookup(aten)
         path = self.tracker.current_path() if (self._need_index or self.module_overrides) else OUTSIDE
         index = 0
         if self._need_index:
@@ -261,30 +275,29 @@ class PrecisionEngine(TorchFunctionMode):
         inst = self.instance_overrides.get((path, name, index)) if self.instance_overrides else None
 
         if info.inplace or kwargs.get("out") is not None:
-            what = "in-place" if info.inplace else "out="
-            if self.policy.inplace == "skip":
-                rule, reason = PASSTHROUGH, f"{what}: not autocast"
+            skip_it = self.policy.inplace == "skip"
+            if info.inplace:
+                rule = Rule.INPLACE if skip_it else Rule.INPLACE_FIRST_INPUT
             else:
-                rule, reason = FIRST_INPUT, f"{what}: cast to 1st input's type"
+                rule = Rule.OUT if skip_it else Rule.OUT_FIRST_INPUT
+            detail = ""
         elif kwargs.get("dtype") is not None:
-            rule, reason = PASSTHROUGH, "explicit dtype= wins"
+            rule, detail = Rule.EXPLICIT_DTYPE, ""
         elif inst is not None:
-            target, rule, reason = inst, "instance", f"instance override: {short_name(inst)}"
+            target, rule, detail = inst, Rule.INSTANCE, short_name(inst)
         elif override is not None:
-            target, rule, reason = override, "module", f"module override: {short_name(override)}"
-        elif rule == LOWER:
+            target, rule, detail = override, Rule.MODULE, short_name(override)
+        elif rule is Rule.LOWER:
             target = self.dtype
-        elif rule == FP32:
+        elif rule in (Rule.FP32, Rule.UNLISTED_FP32):
             target = _F32
-        elif rule == BANNED:
+        elif rule is Rule.BANNED:
             raise RuntimeError(f"{info.name} is unsafe to autocast (banned by policy {self.policy.name!r}); "
                                f"use its *_with_logits form or run it under tuner.disable_casts()")
 
-        if rule in (PROMOTE, FIRST_INPUT):
-            floats = self._float_dtypes(args, kwargs, first_only=rule == FIRST_INPUT)
-            target = _widest(floats) if rule == PROMOTE else (floats[0] if floats else None)
-            if target == _F64:
-                target = None
+        if rule in _FROM_INPUTS:
+            floats = self._float_dtypes(args, kwargs, first_only=rule is not Rule.PROMOTE)
+            target = _widest(floats) if rule is Rule.PROMOTE else (floats[0] if floats else None)
 
         casts = 0
         raw_args, raw_kwargs = args, kwargs
@@ -297,17 +310,27 @@ class PrecisionEngine(TorchFunctionMode):
                 isinstance(out, (Tensor, list, tuple)) or any(isinstance(a, Tensor) for a in args)):
             in_dtypes = tuple(short_name(d) for d in
                               self._float_dtypes(raw_args, raw_kwargs, first_only=False, all_=True))
+            if casts == 0 and not rule.forced and not self._float_dtypes(raw_args, raw_kwargs, first_only=True):
+                target, rule, detail = None, self._not_castable(raw_args, raw_kwargs), ""
             if target is not None:
                 compute = short_name(target)
             else:
                 ran = self._float_dtypes(args, kwargs, first_only=True, all_=True)
                 compute = short_name(ran[0]) if ran else "-"
-            decision = Decision(path, name, index, in_dtypes, compute, rule, reason, casts)
+            decision = Decision(module=path, op=name, index=index, in_dtypes=in_dtypes, compute=compute,
+                                rule=rule, casts=casts, detail=detail)
             if self.verbose is not None:
                 self.verbose(decision)
             if self.recorder is not None:
                 self.recorder(decision, func, args, kwargs, out, raw_args, raw_kwargs)
         return out
+
+    def _not_castable(self, args: tuple, kwargs: dict) -> Rule:
+        """Why a call with no castable input ran as it came: float64, another device, or no float at all."""
+        floats = self._float_dtypes(args, kwargs, first_only=False, all_=True)
+        if _F64 in floats:
+            return Rule.FLOAT64
+        return Rule.OTHER_DEVICE if floats else Rule.NO_FLOAT
 
     def _eligible(self, t: Tensor) -> bool:
         return t.is_floating_point() and t.dtype != _F64 and (self.device is None or t.device.type == self.device)
@@ -356,6 +379,10 @@ class PrecisionEngine(TorchFunctionMode):
                 total += n
             kwargs = new_kwargs
         return tuple(new_args), kwargs, total
+
+
+# Rules whose target comes from the call's own inputs (widest, or the first one).
+_FROM_INPUTS = frozenset({Rule.PROMOTE, Rule.FIRST_INPUT, Rule.INPLACE_FIRST_INPUT, Rule.OUT_FIRST_INPUT})
 
 
 def _pad_aten_name(args: tuple, kwargs: dict) -> str | None:

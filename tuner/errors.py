@@ -1,17 +1,27 @@
 """Exceptions the library raises. The CLI maps each family to one exit code."""
 from __future__ import annotations
 
+from typing import Sequence
+
 
 class MptError(Exception):
     """Base class for every error mpt reports to the user as a one-line message."""
 
 
 class ConfigError(MptError):
-    """Bad configuration: YAML, list files, presets, plans, options. Holds every problem found."""
+    """Bad configuration: YAML, list files, presets, plans, options. Holds every problem found.
 
-    def __init__(self, errors: list[str] | str, *, source: str | None = None) -> None:
+    `fields` says which option each problem is about, parallel to `errors`
+    ("" where none): a problem about `max_evals` starts with "max_evals:", so
+    a front end can name its own flag (`--max-evals`) instead. A problem about
+    two options starts with both, joined by " and ".
+    """
+
+    def __init__(self, errors: list[str] | str, *, source: str | None = None,
+                 fields: Sequence[str] = ()) -> None:
         self.errors = [errors] if isinstance(errors, str) else list(errors)
         self.source = source
+        self.fields = tuple(fields[:len(self.errors)]) + ("",) * (len(self.errors) - len(fields))
         prefix = f"{source}: " if source else ""
         if len(self.errors) == 1:
             msg = prefix + self.errors[0]

@@ -1,56 +1,117 @@
 """journal.jsonl: one line per finished evaluation, so `--resume` never repeats one.
 
-Each line is flushed and fsynced as soon as the evaluation ends; a torn last
-line (the process was killed mid-write) is ignored on reading.
+The first line is a header holding the run's fingerprint: the user's files,
+the FP32 weights, the settings and the versions. `--resume` refuses a journal
+whose fingerprint differs and says which part changed. Each line is flushed
+and fsynced as soon as its evaluation ends; a torn last line (the process was
+killed mid-write) is dropped, and a journal torn inside its header (nothing
+after it was ever written) starts over.
+
+Inputs recorded from the model's first forward call (a model file without
+`example_inputs()`) are kept beside it in `journal-inputs.safetensors`, so a
+resumed run does not evaluate again just to record them.
 """
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
+
+import torch
 
 from .errors import ConfigError
+from .fileio import atomic_write
 
 JOURNAL_NAME = "journal.jsonl"
+INPUTS_NAME = "journal-inputs.safetensors"
+JOURNAL_FORMAT = 2
+
+
+def versions() -> dict[str, str]:
+    from . import __version__
+
+    return {"mpt": __version__, "torch": torch.__version__.split("+")[0]}
+
+
+@dataclass(frozen=True)
+class RunFingerprint:
+    """What a journal's evaluations were measured on."""
+
+    source: str  # tuner.fingerprint.source_digest of the user's files
+    weights: str  # tuner.fingerprint.weights_digest of the FP32 model as built
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    versions: Mapping[str, str] = field(default_factory=versions)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "weights": self.weights, "settings": dict(self.settings),
+                "versions": dict(self.versions)}
+
+    def differences(self, old: Mapping[str, Any]) -> list[str]:
+        """What changed since `old` (a header's fingerprint), one phrase per part."""
+        found = []
+        if old.get("source") != self.source:
+            found.append("the model file's content changed")
+        if old.get("weights") != self.weights:
+            found.append("the FP32 weights build_model() returns changed")
+        settings = old.get("settings") or {}
+        for key in sorted(set(settings) | set(self.settings)):
+            if settings.get(key) != self.settings.get(key):
+                found.append(f"setting {key}: {settings.get(key)!r} then, {self.settings.get(key)!r} now")
+        vers = old.get("versions") or {}
+        for key in sorted(set(vers) | set(self.versions)):
+            if vers.get(key) != self.versions.get(key):
+                found.append(f"{key} version: {vers.get(key)} then, {self.versions.get(key)} now")
+        return found
 
 
 class Journal:
-    def __init__(self, path: str | Path, header: dict[str, Any], *, resume: bool) -> None:
+    def __init__(self, path: str | Path, fingerprint: RunFingerprint, *, resume: bool) -> None:
         self.path = Path(path)
-        self.header = header
+        self.fingerprint = fingerprint
         self.entries: dict[str, dict[str, Any]] = {}
-        if resume and self.path.is_file():
-            self._read()
-        else:
-            with open(self.path, "w", encoding="utf-8") as fh:
-                fh.write(json.dumps({"kind": "header", **header}) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
+        if not (resume and self.path.is_file() and self._read()):
+            self._start()
 
-    def _read(self) -> None:
+    def _start(self) -> None:
+        for stale in (self.path, self.path.with_name(INPUTS_NAME)):
+            stale.unlink(missing_ok=True)
+        self._write_line({"kind": "header", "format": JOURNAL_FORMAT, **self.fingerprint.to_dict()}, mode="w")
+
+    def _read(self) -> bool:
+        """Load the entries; False when there is nothing to resume (empty, or torn inside the header)."""
         lines = self.path.read_text(encoding="utf-8").splitlines()
-        good: list[str] = []
+        records = []
         for n, line in enumerate(lines):
             try:
-                rec = json.loads(line)
+                records.append(json.loads(line))
             except json.JSONDecodeError:
                 if n == len(lines) - 1:
-                    break  # torn last line
-                raise ConfigError(f"journal line {n + 1} is not JSON; cannot resume", source=str(self.path)) from None
-            good.append(line)
-            if rec.get("kind") == "header":
-                mismatch = {k: (rec.get(k), v) for k, v in self.header.items()
-                            if k in rec and rec.get(k) != v and k not in ("started",)}
-                if mismatch:
-                    detail = ", ".join(f"{k}: journal {a!r} vs now {b!r}" for k, (a, b) in mismatch.items())
-                    raise ConfigError(f"cannot resume: the journal was written with other settings ({detail}); "
-                                      "use --overwrite to start over", source=str(self.path))
-            elif rec.get("kind") == "eval":
-                self.entries[rec["key"]] = rec
-        if len(good) != len(lines):  # drop the torn line so appends stay valid JSONL
-            with open(self.path, "w", encoding="utf-8") as fh:
-                fh.write("\n".join(good) + "\n")
+                    break  # torn last line: that evaluation did not finish
+                raise ConfigError(f"line {n + 1} is not JSON; cannot resume (use --overwrite to start over)",
+                                  source=str(self.path)) from None
+        if not records:
+            return False  # torn inside the header: no evaluation was ever recorded
+        header = records[0]
+        if header.get("kind") != "header" or header.get("format") != JOURNAL_FORMAT:
+            raise ConfigError("the journal was written by another version of mpt; cannot resume "
+                              "(use --overwrite to start over)", source=str(self.path))
+        changed = self.fingerprint.differences(header)
+        if changed:
+            raise ConfigError("cannot resume: " + "; ".join(changed) + " since the journal was written "
+                              "(use --overwrite to start over)", source=str(self.path))
+        self.entries = {r["key"]: r for r in records[1:] if r.get("kind") == "eval" and "key" in r}
+        if len(records) != len(lines):  # drop the torn line so appends stay valid JSONL
+            atomic_write(self.path, lambda tmp: Path(tmp).write_text(
+                "".join(json.dumps(r, default=str) + "\n" for r in records), encoding="utf-8"))
+        return True
+
+    def _write_line(self, record: dict[str, Any], *, mode: str = "a") -> None:
+        with open(self.path, mode, encoding="utf-8") as fh:
+            fh.write(json.dumps(record, default=str) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
 
     def get(self, key: str) -> dict[str, Any] | None:
         return self.entries.get(key)
@@ -58,7 +119,36 @@ class Journal:
     def append(self, key: str, record: dict[str, Any]) -> None:
         rec = {"kind": "eval", "key": key, **record}
         self.entries[key] = rec
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(rec, default=str) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        self._write_line(rec)
+
+    # --- inputs recorded from the first forward call ------------------------------------------------------
+    def save_inputs(self, args: tuple) -> bool:
+        """Keep recorded positional args; False when they are not all tensors or JSON scalars."""
+        from safetensors.torch import save_file
+
+        tensors: dict[str, torch.Tensor] = {}
+        spec: list[Any] = []
+        for n, a in enumerate(args):
+            if isinstance(a, torch.Tensor):
+                tensors[f"arg{n}"] = a.detach().contiguous().cpu()
+                spec.append({"tensor": f"arg{n}"})
+            elif a is None or isinstance(a, (bool, int, float, str)):
+                spec.append({"value": a})
+            else:
+                return False
+        meta = {"spec": json.dumps(spec)}
+        atomic_write(self.path.with_name(INPUTS_NAME), lambda tmp: save_file(tensors, tmp, metadata=meta))
+        return True
+
+    def load_inputs(self) -> tuple | None:
+        from safetensors import safe_open
+
+        path = self.path.with_name(INPUTS_NAME)
+        if not path.is_file():
+            return None
+        try:
+            with safe_open(str(path), framework="pt") as fh:
+                spec = json.loads((fh.metadata() or {})["spec"])
+                return tuple(fh.get_tensor(s["tensor"]) if "tensor" in s else s["value"] for s in spec)
+        except Exception:  # noqa: BLE001 - unreadable: record the inputs again
+            return None

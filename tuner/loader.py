@@ -25,7 +25,8 @@ import torch
 
 from .errors import ConfigError, UserCodeError
 
-__all__ = ["UserModel", "load_user_model", "call_user", "DEFAULT_BUILD", "DEFAULT_EVAL", "DEFAULT_INPUTS"]
+__all__ = ["UserModel", "load_user_model", "call_user", "call_forward", "DEFAULT_BUILD", "DEFAULT_EVAL",
+           "DEFAULT_INPUTS"]
 
 DEFAULT_BUILD = "build_model"
 DEFAULT_EVAL = "evaluate"
@@ -58,6 +59,11 @@ class UserModel:
         model = call_user(self.build_fn, what=name)
         if not isinstance(model, torch.nn.Module):
             raise UserCodeError(f"{name} returned {_describe(model)}, expected a torch.nn.Module",
+                                where=_definition_site(self.build_fn))
+        meta = _meta_tensors(model)
+        if meta:
+            raise UserCodeError(f"{name} returned a model on the meta device ({meta}): its weights are not "
+                                "materialized; load or initialize them before returning it",
                                 where=_definition_site(self.build_fn))
         return model
 
@@ -119,13 +125,30 @@ def call_user(fn: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -> A
     KeyboardInterrupt and SystemExit pass through (they are not Exceptions),
     and so does a UserCodeError from a nested call, which already says where.
     """
+    return _run_user(fn, args, kwargs, what=what, own=_source_file(fn))
+
+
+def call_forward(model: Any, inputs: tuple, *, what: str = "forward") -> Any:
+    """`model(*inputs)` with call_user's semantics: a failure is a UserCodeError at the user's line.
+
+    The user's files are those load_user_model imported plus the file that
+    defines the model's forward, unless that is torch's own (nn.Sequential):
+    a frame inside torch is never "the user's line".
+    """
+    forward = getattr(type(model), "forward", None)
+    own = _source_file(forward) if forward is not None else None
+    if own is not None and own.startswith(_TORCH_DIR):
+        own = None
+    return _run_user(model, inputs, {}, what=what, own=own)
+
+
+def _run_user(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], *, what: str, own: str | None) -> Any:
     try:
         return fn(*args, **kwargs)
     except UserCodeError:
         raise
     except Exception as exc:
         files = set(_user_files)
-        own = _source_file(fn)
         if own:
             files.add(own)
         raise UserCodeError(f"{what} raised {_exc_summary(exc)}", where=_user_frame(exc, files),
@@ -252,6 +275,20 @@ def _defined_callables(module: types.ModuleType) -> list[str]:
 
 def _norm(filename: str) -> str:
     return os.path.normcase(os.path.realpath(filename))
+
+
+_TORCH_DIR = _norm(os.path.dirname(torch.__file__)) + os.sep
+
+
+def _meta_tensors(model: torch.nn.Module) -> str:
+    """'' when every parameter and buffer holds data, else which ones are on the meta device."""
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    meta = [name for name, t in tensors if t.is_meta]
+    if not meta:
+        return ""
+    if len(meta) == len(tensors):
+        return "all its tensors"
+    return f"{len(meta)} of {len(tensors)} tensors, e.g. {meta[0]!r}"
 
 
 def _user_frame(exc: BaseException, files: set[str]) -> str | None:

@@ -1,59 +1,42 @@
-"""Everything `mpt tune` writes into --out: plan, op lists, checkpoint, report, picture.
+"""Everything `mpt tune` writes into the output folder: plan, op lists, checkpoint, report, picture.
 
-Each file is written under a temporary name and renamed, so an interrupted run
-never leaves a half-written output.
+The outputs are committed as a set: the old `plan.yaml` is removed first, every
+file is written into a staging folder inside the output folder, and the files
+are then renamed into place with `plan.yaml` (the file that claims success)
+last. A failed write (disk full, permission) raises OutputError naming the
+file and the cause and leaves no plan.yaml; an interrupted write leaves none
+either. `report.json` embeds the plan's own dict, so the two cannot disagree.
 """
 from __future__ import annotations
 
-import copy
+import contextlib
 import html
 import json
 import math
+import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 
-from .api import attach
 from .audit import inspect_model
 from .checkpoint import CHECKPOINT_NAME, save_checkpoint
-from .errors import ConfigError
+from .errors import OutputError
 from .fileio import atomic_write_text
-from .journal import JOURNAL_NAME
+from .fingerprint import sha256_file
+from .journal import INPUTS_NAME, JOURNAL_NAME
+from .plan import ModelRef, Plan
 from .policy import write_op_list
-from .tune import TuneResult
+from .tune import TuneResult, TuneStatus
 
-OUTPUT_FILES = ("plan.yaml", "lower_precision_ops.txt", "fp32_ops.txt", CHECKPOINT_NAME, "report.json",
-                "search.html", JOURNAL_NAME)
-
-
-def prepare_out_dir(out: str | Path, *, resume: bool, overwrite: bool) -> Path:
-    """Check --out before any work: not a file, writable, and not another run's folder."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file, not a folder")
-    if out.is_dir():
-        held = [n for n in OUTPUT_FILES if (out / n).exists()]
-        if held and not (resume or overwrite):
-            raise ConfigError(f"--out {out} already holds a run ({', '.join(held[:3])}); "
-                              "pass --resume to continue it or --overwrite to replace it")
-        if overwrite and not resume:
-            for n in held:
-                (out / n).unlink()
-    else:
-        try:
-            out.mkdir(parents=True)
-        except OSError as exc:
-            raise ConfigError(f"cannot create --out {out}: {exc.strerror}") from None
-    probe = out / ".mpt-write-test"
-    try:
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise ConfigError(f"--out {out} is not writable: {exc.strerror}") from None
-    return out
+PLAN_NAME = "plan.yaml"
+# Written in this order; plan.yaml last.
+COMMITTED = ("lower_precision_ops.txt", "fp32_ops.txt", CHECKPOINT_NAME, "report.json", "search.html", PLAN_NAME)
+OUTPUT_FILES = COMMITTED + (JOURNAL_NAME, INPUTS_NAME)
 
 
 def measure_latency(fn: Callable[[], Any], *, min_time: float = 0.3, max_iters: int = 200) -> float:
@@ -131,64 +114,113 @@ Green: trial met the target; red: it did not. Dashed line: the target.</p>
 {rows}</table></body></html>"""
 
 
-def write_outputs(result: TuneResult, build: Callable[[], nn.Module], out: str | Path, *,
-                  device: str = "cpu", model_file: str = "") -> dict[str, Any]:
-    """Write plan.yaml, op lists, model.safetensors, report.json and search.html; returns the report."""
+@contextlib.contextmanager
+def _writing(out: Path, name: str) -> Iterator[None]:
+    """OSError while writing `name` -> OutputError naming the final path and the cause."""
+    try:
+        yield
+    except OSError as exc:
+        raise OutputError(f"cannot write {out / name}: {exc.strerror or exc}") from None
+
+
+def write_outputs(result: TuneResult, out: str | Path, *, model: nn.Module, build: Callable[[], nn.Module],
+                  model_ref: ModelRef | None = None, device: str = "cpu") -> dict[str, Any]:
+    """Write the outputs as a set (see the module docstring); returns the report.
+
+    `model` is the FP32 model as built (its weights go into the checkpoint);
+    `build` makes one more copy to time the tuned model against it.
+    """
     out = Path(out)
+    with _writing(out, PLAN_NAME):
+        (out / PLAN_NAME).unlink(missing_ok=True)
+    with _writing(out, ".mpt-staging"):
+        stage = Path(tempfile.mkdtemp(prefix=".mpt-staging-", dir=out))
+    try:
+        report = _write_staged(result, stage, out, model=model, build=build, model_ref=model_ref, device=device)
+        for name in COMMITTED:
+            with _writing(out, name):
+                os.replace(stage / name, out / name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return report
+
+
+def _write_staged(result: TuneResult, stage: Path, out: Path, *, model: nn.Module, build: Callable[[], nn.Module],
+                  model_ref: ModelRef | None, device: str) -> dict[str, Any]:
     t0 = time.monotonic()
-    plan = result.plan
-    model = build().to(device).eval()
     inputs = result.inputs or ()
-    header = (f"model: {model_file}\n" if model_file else "") + \
-             f"baseline {result.baseline:.6g}, tuned {result.metric}, {result.evals} evaluations, status {result.status}"
-    plan.save(out / "plan.yaml", header=header)
     lower, fp32 = _op_type_lists(result)
-    n_inst = len(plan.fp32_instances)
+    n_inst = len(result.plan.fp32_instances)
     note = (f"{n_inst} op instance(s) fall back to FP32 individually; plan.yaml has them "
             "(op-type lists cannot express single instances)") if n_inst else ""
-    write_op_list(out / "lower_precision_ops.txt", lower,
-                  header=f"mpt tune: ops that run in {plan.dtype} (preset {plan.preset})\n{note}".strip())
-    write_op_list(out / "fp32_ops.txt", fp32, header=f"mpt tune: ops that run in FP32 (preset {plan.preset})")
-    ckpt = save_checkpoint(model, plan, inputs, out / CHECKPOINT_NAME)
-
+    with _writing(out, "lower_precision_ops.txt"):
+        write_op_list(stage / "lower_precision_ops.txt", lower,
+                      header=f"mpt tune: ops that run in {result.plan.dtype} (preset {result.plan.preset})\n{note}".strip())
+    with _writing(out, "fp32_ops.txt"):
+        write_op_list(stage / "fp32_ops.txt", fp32, header=f"mpt tune: ops that run in FP32 (preset {result.plan.preset})")
+    with _writing(out, CHECKPOINT_NAME):
+        ckpt = save_checkpoint(model, result.plan, inputs, stage / CHECKPOINT_NAME)
+        digest = sha256_file(stage / CHECKPOINT_NAME)
+    plan = Plan(**{**{f: getattr(result.plan, f) for f in ("dtype", "preset", "lower", "fp32", "promote", "modules",
+                                                           "fp32_instances", "metrics", "version")},
+                   "model": model_ref, "checkpoint_sha256": digest})
+    header = (f"status {result.status.value}" + (f", cut short: {result.stopped.value}" if result.stopped else "") +
+              f"; baseline {result.baseline:.6g}, tuned {result.metric}, {result.evals} evaluations")
+    with _writing(out, PLAN_NAME):
+        plan.save(stage / PLAN_NAME, header=header)
     summary = inspect_model(model, inputs, plan, local_errors=False).summary
-    fp32_model = build().to(device).eval()
-    tuned = copy.deepcopy(fp32_model)
+    latency = _latency(model, build, stage, inputs, device)
+    warnings = list(result.warnings)
+    if latency["tuned"] > latency["fp32"] * 1.05 and result.status is TuneStatus.MET:  # not met: all FP32
+        warnings.append(f"the tuned model ran slower than FP32 on {device} ({latency['tuned']:.2f} ms vs "
+                        f"{latency['fp32']:.2f} ms per forward on example_inputs): {plan.dtype} does not pay off "
+                        "here (slow lower-precision kernels, or a model too small for casts to be worth it)")
+    report = _report(result, plan, summary, latency, ckpt, warnings, time.monotonic() - t0)
+    with _writing(out, "report.json"):
+        atomic_write_text(stage / "report.json", json.dumps(report, indent=1, default=str) + "\n")
+    with _writing(out, "search.html"):
+        atomic_write_text(stage / "search.html", _html(result, report))
+    return report
+
+
+def _latency(model: nn.Module, build: Callable[[], nn.Module], stage: Path, inputs: tuple,
+             device: str) -> dict[str, float]:
+    """Milliseconds per forward on the example inputs: the FP32 model vs the staged outputs loaded."""
     from .checkpoint import load
 
-    load(tuned, out)
-    lat_fp32 = measure_latency(lambda: fp32_model(*inputs))
-    lat_tuned = measure_latency(lambda: tuned(*inputs))
-    warnings = list(result.warnings)
-    if lat_tuned > lat_fp32 * 1.05 and result.status == "ok":  # not met: the plan is all FP32, nothing to speed up
-        warnings.append(f"the tuned model ran slower than FP32 on {device} ({lat_tuned * 1e3:.2f} ms vs "
-                        f"{lat_fp32 * 1e3:.2f} ms per forward on example_inputs): {plan.dtype} does not pay off "
-                        "here (slow lower-precision kernels, or a model too small for casts to be worth it)")
-    report = {
+    tuned = load(build().to(device).eval(), stage)
+    fp32_s = measure_latency(lambda: model(*inputs))
+    tuned_s = measure_latency(lambda: tuned(*inputs))
+    return {"fp32": fp32_s * 1e3, "tuned": tuned_s * 1e3, "speedup": fp32_s / tuned_s}
+
+
+def _report(result: TuneResult, plan: Plan, summary: Any, latency: dict[str, float], ckpt: dict[str, Any],
+            warnings: list[str], write_seconds: float) -> dict[str, Any]:
+    return {
         "version": 1,
-        "status": result.status,
+        "status": result.status.value,
+        "stopped": result.stopped.value if result.stopped else None,
         "dtype": plan.dtype,
         "preset": plan.preset,
         "baseline_metric": result.baseline,
+        "noise": result.noise,
         "target": result.target,
         "final_metric": result.metric,
         "evaluations": result.evals,
-        "stopped": result.stopped,
+        "rebuilds": result.rebuilds,
         "notes": result.notes,
         "warnings": warnings,
         "candidates": len(result.candidates),
         "fp32_instances": [i.label() for i in plan.fp32_instances],
         "low_precision_call_share": summary.lower_call_share,
         "low_precision_flop_share": summary.lower_flop_share,
-        "latency_ms": {"fp32": lat_fp32 * 1e3, "tuned": lat_tuned * 1e3, "speedup": lat_fp32 / lat_tuned},
+        "latency_ms": latency,
         "checkpoint": ckpt,
-        "seconds": {"total": result.seconds + (time.monotonic() - t0), "evaluations": result.eval_seconds,
+        "seconds": {"total": result.seconds + write_seconds, "evaluations": result.eval_seconds,
                     "user_code": result.user_seconds},
         "scores": result.scores,
+        "plan": plan.to_dict(),
         "trials": [{"n": t.n, "label": t.label, "fp32": list(t.fp32), "metric": t.metric, "passed": t.passed,
-                    "seconds": t.seconds, "low_share": t.low_share, "error": t.error, "from_journal": t.from_journal}
-                   for t in result.trials],
+                    "baseline": t.baseline, "seconds": t.seconds, "low_share": t.low_share, "error": t.error,
+                    "from_journal": t.from_journal} for t in result.trials],
     }
-    atomic_write_text(out / "report.json", json.dumps(report, indent=1, default=str) + "\n")
-    atomic_write_text(out / "search.html", _html(result, report))
-    return report

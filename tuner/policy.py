@@ -7,41 +7,58 @@ per-instance overrides on top of a Policy.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable
 
-import yaml
-
 from .errors import ConfigError
 from .opnames import known_op_names, lookup_names, suggest
+from .rules import Rule
+from .yamlio import check_keys, load_yaml_file, read_text_file
 
 UNLISTED_RULES = ("passthrough", "first_input", "fp32")
 INPLACE_RULES = ("skip", "first_input")
 
-# Rule names used in decisions and in `mpt inspect`'s "reason" column.
-LOWER, FP32, PROMOTE, FIRST_INPUT, PASSTHROUGH, BANNED = (
-    "lower", "fp32", "promote", "first_input", "passthrough", "banned")
+
+class OpProblemKind(enum.Enum):
+    """What is wrong with one entry of an op list."""
+
+    NOT_A_NAME = "not a name"
+    DUPLICATE = "duplicate"
+    UNKNOWN = "unknown"
 
 
-def check_op_names(names: Iterable[str], what: str) -> list[str]:
-    """Problems with a list of op names: unknown names (with suggestions) and duplicates."""
-    problems: list[str] = []
+@dataclass(frozen=True)
+class OpListProblem:
+    kind: OpProblemKind
+    message: str
+
+
+def op_list_problems(names: Iterable[str], what: str) -> list[OpListProblem]:
+    """Every problem with a list of op names, each with its kind so callers can pick some without parsing text."""
+    problems: list[OpListProblem] = []
     seen: set[str] = set()
     known = known_op_names()
     for name in names:
         if not isinstance(name, str) or not name.strip():
-            problems.append(f"{what}: op names must be non-empty strings, found {name!r}")
+            problems.append(OpListProblem(OpProblemKind.NOT_A_NAME,
+                                          f"{what}: op names must be non-empty strings, found {name!r}"))
             continue
         if name in seen:
-            problems.append(f"{what}: op {name!r} is listed twice")
+            problems.append(OpListProblem(OpProblemKind.DUPLICATE, f"{what}: op {name!r} is listed twice"))
         seen.add(name)
         if name not in known:
             near = suggest(name)
             hint = f"; did you mean {', '.join(near)}?" if near else ""
-            problems.append(f"{what}: unknown op {name!r}{hint}")
+            problems.append(OpListProblem(OpProblemKind.UNKNOWN, f"{what}: unknown op {name!r}{hint}"))
     return problems
+
+
+def check_op_names(names: Iterable[str], what: str) -> list[str]:
+    """Problems with a list of op names as messages: unknown names (with suggestions) and duplicates."""
+    return [p.message for p in op_list_problems(names, what)]
 
 
 @dataclass(frozen=True)
@@ -53,14 +70,14 @@ class Policy:
     fp32: frozenset[str] = frozenset()
     promote: frozenset[str] = frozenset()
     banned: frozenset[str] = frozenset()
-    unlisted: str = PASSTHROUGH
+    unlisted: str = "passthrough"
     inplace: str = "skip"
     device: str | None = None
     dtype: str = "bf16"
     description: str = ""
     source: str = ""
     native: str | None = None  # "cpu"/"cuda" when the lists are torch.autocast's own for that device
-    _table: dict[str, tuple[str, str]] = field(default_factory=dict, repr=False, compare=False, hash=False)
+    _table: dict[str, Rule] = field(default_factory=dict, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         for attr in ("lower", "fp32", "promote", "banned"):
@@ -78,24 +95,32 @@ class Policy:
         if self.device not in (None, "cpu", "cuda"):
             problems.append(f"device: expected cpu, cuda or null, found {self.device!r}")
         for attr in ("lower", "fp32", "promote", "banned"):
-            problems += [p for p in check_op_names(sorted(getattr(self, attr)), attr) if "twice" not in p]
+            problems += [p.message for p in op_list_problems(sorted(getattr(self, attr)), attr)]
         if problems:
             raise ConfigError(problems, source=f"policy {self.name!r}")
-        table: dict[str, tuple[str, str]] = {}
+        table: dict[str, Rule] = {}
         # Promote first so the lower/FP32 lists take precedence over it (HMP's rule).
-        for rule, ops in ((PROMOTE, self.promote), (LOWER, self.lower), (FP32, self.fp32), (BANNED, self.banned)):
-            for op in ops:
-                table[op] = (rule, f"{rule} list")
+        for rule, ops in ((Rule.PROMOTE, self.promote), (Rule.LOWER, self.lower), (Rule.FP32, self.fp32),
+                          (Rule.BANNED, self.banned)):
+            table.update(dict.fromkeys(ops, rule))
         self._table.update(table)
 
-    def rule_for(self, name: str) -> tuple[str, str]:
-        """(rule, reason) for an op name, trying its aliases (e.g. `__matmul__` -> `matmul`)."""
+    @property
+    def unlisted_rule(self) -> Rule:
+        return Rule.unlisted(self.unlisted)
+
+    def lookup(self, name: str) -> tuple[Rule, str]:
+        """(rule, detail) for an op name, trying its aliases; detail is `as matmul` when an alias matched."""
         for candidate in lookup_names(name):
-            hit = self._table.get(candidate)
-            if hit is not None:
-                rule, why = hit
-                return rule, why if candidate == name else f"{why} (as {candidate})"
-        return self.unlisted, f"unlisted: {self.unlisted.replace('_', ' ')}"
+            rule = self._table.get(candidate)
+            if rule is not None:
+                return rule, "" if candidate == name else f"as {candidate}"
+        return self.unlisted_rule, ""
+
+    def rule_for(self, name: str) -> tuple[Rule, str]:
+        """(rule, reason text) for an op name, e.g. (Rule.LOWER, "lower list (as matmul)")."""
+        rule, detail = self.lookup(name)
+        return rule, rule.describe(detail)
 
     def names(self, name: str) -> bool:
         """Does any list name this op (directly or through an alias)?"""
@@ -128,8 +153,6 @@ _POLICY_KEYS = {"version", "name", "description", "source", "dtype", "device", "
 
 
 def policy_from_dict(data: Any, *, source: str) -> Policy:
-    from .yamlio import check_keys  # local import: yamlio imports nothing from here
-
     if not isinstance(data, dict):
         raise ConfigError(f"expected a mapping, found {type(data).__name__}", source=source)
     problems = check_keys(data, _POLICY_KEYS, where="")
@@ -141,7 +164,8 @@ def policy_from_dict(data: Any, *, source: str) -> Policy:
         if not isinstance(value, list):
             problems.append(f"{key}: expected a list of op names, found {type(value).__name__}")
             value = []
-        problems += [p for p in check_op_names(value, key) if "twice" in p]
+        # Only duplicates here: a list read into a frozenset loses them; Policy() reports the rest.
+        problems += [p.message for p in op_list_problems(value, key) if p.kind is OpProblemKind.DUPLICATE]
         lists[key] = value
     if problems:
         raise ConfigError(problems, source=source)
@@ -151,7 +175,7 @@ def policy_from_dict(data: Any, *, source: str) -> Policy:
         fp32=frozenset(lists["fp32"]),
         promote=frozenset(lists["promote"]),
         banned=frozenset(lists["banned"]),
-        unlisted=data.get("unlisted", PASSTHROUGH),
+        unlisted=data.get("unlisted", "passthrough"),
         inplace=data.get("inplace", "skip"),
         device=data.get("device"),
         dtype=data.get("dtype", "bf16"),
@@ -189,9 +213,7 @@ def load_preset(name: str) -> Policy:
         near = difflib.get_close_matches(name, preset_names(), n=3)
         hint = f"; did you mean {', '.join(near)}?" if near else f"; available: {', '.join(preset_names())}"
         raise ConfigError(f"unknown preset {name!r}{hint}")
-    with open(path, encoding="utf-8") as fh:
-        data = yaml.safe_load(fh)
-    policy = policy_from_dict(data, source=str(path))
+    policy = policy_from_dict(load_yaml_file(path), source=str(path))
     _PRESET_CACHE[name] = policy
     return policy
 
@@ -205,12 +227,8 @@ def read_op_list(path: str | Path) -> list[str]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"op-list file not found: {path}")
-    text = path.read_text(encoding="utf-8")
     if path.suffix in (".yaml", ".yml"):
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"not valid YAML: {str(exc).splitlines()[0]}", source=str(path)) from None
+        data = load_yaml_file(path)
         if isinstance(data, dict):
             extra = set(data) - {"version", "ops"}
             if extra:
@@ -222,7 +240,7 @@ def read_op_list(path: str | Path) -> list[str]:
         names = [str(x).strip() if isinstance(x, str) else x for x in data]
     else:
         names = []
-        for line in text.splitlines():
+        for line in read_text_file(path).splitlines():
             line = line.split("#", 1)[0].strip()
             if line:
                 names.append(line)

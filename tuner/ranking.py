@@ -106,9 +106,10 @@ def rank_gradient(model: nn.Module, inputs: tuple, policy: Policy, dtype: torch.
         if y.requires_grad:
             outs[cand] = y
 
-    requires = {p: p.requires_grad for p in model.parameters()}
+    # Only floating-point parameters can carry gradients; integer ones (index tables) are left alone.
+    requires = {p: p.requires_grad for p in model.parameters() if p.is_floating_point() or p.is_complex()}
     try:
-        for p in model.parameters():
+        for p in requires:
             p.requires_grad_(True)
         with torch.enable_grad():
             overrides = {c.key(): torch.float32 for c in candidates}

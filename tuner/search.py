@@ -5,7 +5,8 @@ real models (tune.py) and on planted oracles (tests, benchmarks/search_evals.py)
 
 Items are op instances ranked by suspicion (most suspicious first), from cheap
 forward passes. Steps, each test a full evaluation:
-1. all lower precision (FP32 set empty). Pass: done.
+1. all lower precision (FP32 set empty). Pass: done. (Skipped when the caller
+   already ran it and saw it fail: `all_low_failed=True`.)
 2. Binary search for the shortest FP32 prefix of the ranking that passes.
    When the scores show a clear gap (the top g items score >= GAP times the
    rest), the first probe is at g and the next at g-1, so a good ranking costs
@@ -18,7 +19,6 @@ Worst case without a usable gap: ceil(log2 N) + about 2(k-1)·log2(N/k) tests.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -26,10 +26,10 @@ GAP = 8.0  # score ratio that counts as a clear gap in the ranking
 
 
 class SearchStopped(Exception):
-    """A bound (--max-evals, --time-budget) stopped the search."""
+    """Raised by `test` when a bound (evaluations, time, an interrupt) stops the search; `reason` says which."""
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
+    def __init__(self, reason: object) -> None:
+        super().__init__(str(reason))
         self.reason = reason
 
 
@@ -37,7 +37,7 @@ class SearchStopped(Exception):
 class SearchOutcome:
     fp32: frozenset[int] | None  # best confirmed FP32 set (None: nothing passed)
     evals: int
-    stopped: str | None = None  # why the search was cut short
+    stopped: object | None = None  # SearchStopped.reason: why the search was cut short
     notes: list[str] = field(default_factory=list)
     trusted_gap: bool = False
 
@@ -61,28 +61,24 @@ def gap_index(scores: Sequence[float], *, gap: float = GAP, max_share: float = 0
 
 
 class FallbackSearch:
-    """Runs the steps above; `test` is called with the FP32 set (indices into `ranked`' items)."""
+    """Runs the steps above; `test` is called with the FP32 set (indices into `ranked`' items).
+
+    Bounds are the caller's: its `test` raises SearchStopped, and the outcome
+    keeps the best FP32 set confirmed before that.
+    """
 
     def __init__(self, ranked: Sequence[int], scores: Sequence[float], test: Callable[[frozenset[int]], bool], *,
-                 max_evals: int | None = None, time_budget: float | None = None,
-                 thorough: bool = False, evals_used: Callable[[], int] | None = None) -> None:
+                 thorough: bool = False, all_low_failed: bool = False) -> None:
         self.ranked = list(ranked)
         self.scores = list(scores)
         self._test = test
-        self.max_evals = max_evals
-        self.deadline = time.monotonic() + time_budget if time_budget else None
         self.thorough = thorough
-        self._evals_used = evals_used
+        self.all_low_failed = all_low_failed
         self.count = 0
         self.best: frozenset[int] | None = None
         self.notes: list[str] = []
 
     def test(self, fp32: frozenset[int]) -> bool:
-        used = self._evals_used() if self._evals_used else self.count
-        if self.max_evals is not None and used >= self.max_evals:
-            raise SearchStopped(f"--max-evals {self.max_evals} reached")
-        if self.deadline is not None and time.monotonic() >= self.deadline:
-            raise SearchStopped("--time-budget reached")
         self.count += 1
         passed = self._test(fp32)
         if passed and (self.best is None or len(fp32) < len(self.best)):
@@ -98,7 +94,7 @@ class FallbackSearch:
 
     def _run(self) -> bool:
         n = len(self.ranked)
-        if self.test(frozenset()):
+        if not self.all_low_failed and self.test(frozenset()):
             self.notes.append("everything eligible passes in the lower precision")
             return False
         if n == 0:

@@ -1,0 +1,84 @@
+"""A whole `mpt tune` run into an output folder: claim it, fingerprint, journal, search, write outputs.
+
+This is what the CLI calls; it only parses options and renders the events and
+the returned `TuneRun`.
+"""
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from .devices import check_device
+from .fingerprint import source_digest
+from .isolation import ModelKeeper
+from .journal import JOURNAL_NAME, Journal, RunFingerprint
+from .loader import UserModel
+from .outfolder import OutputFolder
+from .outputs import OUTPUT_FILES, write_outputs
+from .session import TuneSession
+from .tune import StopReason, TuneEvent, TuneOptions, TuneResult, TuneStatus
+
+
+@dataclass(frozen=True)
+class TuneRun:
+    result: TuneResult
+    out: Path
+    report: dict[str, Any] | None  # None: interrupted before any plan was confirmed, nothing written
+
+    @property
+    def wrote_outputs(self) -> bool:
+        return self.report is not None
+
+
+def user_files(user: UserModel) -> list[Path]:
+    """The model file and any other file the build/eval/inputs functions come from."""
+    files = {Path(user.path).resolve()}
+    for fn in (user.build_fn, user.eval_fn, user.inputs_fn):
+        try:
+            source = inspect.getsourcefile(inspect.unwrap(fn)) if fn is not None else None
+        except TypeError:
+            source = None
+        if source and Path(source).is_file():
+            files.add(Path(source).resolve())
+    return sorted(files)
+
+
+def tune_into_folder(user: UserModel, options: TuneOptions, out: str | Path, *, resume: bool = False,
+                     overwrite: bool = False, specs: Mapping[str, str | None] | None = None,
+                     on_event: Callable[[TuneEvent], None] | None = None,
+                     started: float | None = None) -> TuneRun:
+    """Tune `user`'s model and write the outputs into `out`, which no other run may use meanwhile.
+
+    `specs` are the build/eval/inputs names the user gave (recorded in the
+    plan so `mpt check` rebuilds the same model). `started` is when the time
+    budget starts (time.monotonic()); default now.
+    """
+    started = time.monotonic() if started is None else started
+    speed_warning = check_device(options.device, options.dtype)
+    with OutputFolder.claim(out, resume=resume, overwrite=overwrite, outputs=OUTPUT_FILES) as folder:
+        t0 = time.monotonic()
+        keeper = ModelKeeper(user.build, options.device)
+        build_seconds = time.monotonic() - t0
+        fingerprint = RunFingerprint(source=source_digest(user_files(user)), weights=keeper.weights_digest,
+                                     settings=options.settings())
+        journal = Journal(folder.path / JOURNAL_NAME, fingerprint, resume=resume)
+        inputs = user.example_inputs if user.inputs_fn is not None else None
+        session = TuneSession(user.build, user.evaluate, inputs, options, journal=journal, on_event=on_event,
+                              started=started, keeper=keeper)
+        session.user_seconds += build_seconds
+        result = session.run()
+        if speed_warning:
+            result.warnings.append(speed_warning)
+        if result.stopped is StopReason.INTERRUPTED and result.status is not TuneStatus.MET:
+            return TuneRun(result, folder.path, None)
+        from .modelref import model_ref_for
+
+        given = dict(specs or {})
+        ref = model_ref_for(user, folder.path, build=given.get("build"), eval=given.get("eval"),
+                            inputs=given.get("inputs"), model=keeper.model)
+        report = write_outputs(result, folder.path, model=keeper.model, build=user.build, model_ref=ref,
+                               device=options.device)
+        return TuneRun(result, folder.path, report)

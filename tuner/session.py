@@ -1,0 +1,342 @@
+"""One tune, as an object whose methods are its phases.
+
+    baseline -> candidates -> all-low trial -> ranking -> search -> result
+
+`TuneSession._evaluate` is the one place that runs `evaluate`: it checks the
+bounds (evaluations, time from the start of the command), reads and writes
+the journal, counts, reports the trial and hands the model back as built
+(`isolation.ModelKeeper`). A bound or an interrupt (Ctrl-C, SIGTERM) ends the
+search and the result keeps the best plan confirmed so far.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from .api import attach, detach
+from .audit import relative_error
+from .dtypes import LOWER_DTYPES, parse_dtype, short_name
+from .engine import Decision, PrecisionEngine
+from .errors import ConfigError, Interrupted, UserCodeError
+from .flops import op_flops
+from .isolation import ModelKeeper
+from .journal import Journal
+from .loader import call_forward
+from .noise import Acceptance, Baseline, measure_baseline
+from .plan import OpInstance, Plan
+from .policy import load_preset
+from .ranking import rank_exact, rank_gradient
+from .search import FallbackSearch, SearchStopped
+from .tune import EventKind, RankMethod, StopReason, Trial, TuneEvent, TuneOptions, TuneResult, TuneStatus
+
+BASELINE_KEY = "baseline#{n}"
+
+
+def _trial_key(fp32: frozenset[OpInstance]) -> str:
+    return "fp32=" + ",".join(sorted(i.label() for i in fp32))
+
+
+def _to_float(value: Any) -> float:
+    if isinstance(value, torch.Tensor):
+        return float(value.detach().cpu().item())
+    return float(value)
+
+
+class _InputRecorder:
+    """Keeps the positional args of the model's first forward call (when there is no example_inputs)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.args: tuple | None = None
+        self.handle = model.register_forward_pre_hook(self._hook)
+
+    def _hook(self, module: nn.Module, args: tuple) -> None:
+        if self.args is None:
+            self.args = tuple(a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args)
+        self.handle.remove()
+
+
+class TuneSession:
+    def __init__(self, build: Callable[[], nn.Module], evaluate: Callable[[nn.Module], Any],
+                 example_inputs: Callable[[], tuple] | tuple | None, options: TuneOptions, *,
+                 journal: Journal | None = None, on_event: Callable[[TuneEvent], None] | None = None,
+                 started: float | None = None, keeper: ModelKeeper | None = None) -> None:
+        self.options = options
+        self.dtype = parse_dtype(options.dtype)
+        self.policy = load_preset(options.preset)  # type: ignore[arg-type]
+        self.evaluate_fn = evaluate
+        self.inputs_source = example_inputs
+        self.journal = journal
+        self.emit = on_event or (lambda e: None)
+        self.started = time.monotonic() if started is None else started
+        t0 = time.monotonic()
+        self.keeper = keeper or ModelKeeper(build, options.device)
+        self.user_seconds = time.monotonic() - t0 if keeper is None else 0.0
+        self.trials: list[Trial] = []
+        self.evals = 0
+        self.eval_seconds = 0.0
+        self.stopped: StopReason | None = None
+        self.notes: list[str] = []
+        self.warnings: list[str] = []
+        self.base: Baseline | None = None
+        self.accept: Acceptance | None = None
+        self.inputs: tuple | None = None
+        self.candidates: list[OpInstance] = []
+        self.scores: dict[OpInstance, float] = {}
+        self.total_calls = 1
+        self._memo: dict[frozenset[int], bool] = {}
+        self._recorder: _InputRecorder | None = None
+        self._search_best: frozenset[int] | None = None
+
+    # --- the phases ------------------------------------------------------------------------------------------
+    def run(self) -> TuneResult:
+        self.measure_baseline()
+        try:
+            self.find_candidates()
+            self.search()
+        except SearchStopped as stop:
+            self.stopped = stop.reason  # type: ignore[assignment]
+        except (KeyboardInterrupt, Interrupted):
+            self.stopped = StopReason.INTERRUPTED
+        if self.stopped is not None:
+            self.keeper.restore()  # an interrupted evaluate may have left the model changed
+        return self.result()
+
+    def measure_baseline(self) -> None:
+        """The FP32 metric, evaluated twice to learn whether `evaluate` is deterministic (tuner.noise)."""
+        if self.inputs_source is None:
+            self.inputs = self.journal.load_inputs() if self.journal else None
+            if self.inputs is None:
+                self._recorder = _InputRecorder(self.keeper.model)
+        base = measure_baseline(self._baseline_sample)
+        if self._recorder is not None:  # every sample came from the journal and the inputs were not kept
+            base = Baseline(base.samples + (self._baseline_sample(),))
+        self.base = base
+        target = self.options.target(base.value)
+        self.accept = Acceptance(target, base.spread, self.options.lower_is_better)
+        self._note_noise(base)
+        relation = "<=" if self.options.lower_is_better else ">="
+        noise = f" (noise ±{base.spread / 2:.3g})" if base.noisy else ""
+        self.emit(TuneEvent(EventKind.BASELINE, f"baseline {base.value:.6g}{noise}; target {relation} {target:.6g}",
+                            trial=self.trials[-1]))
+
+    def _baseline_sample(self) -> float:
+        n = sum(t.baseline for t in self.trials) + 1
+        trial = self._evaluate(BASELINE_KEY.format(n=n), f"FP32 baseline run {n}", frozenset(), baseline=True)
+        rec = self._recorder
+        if rec is not None and rec.args is not None:
+            self.inputs, self._recorder = rec.args, None
+            if self.journal and not self.journal.save_inputs(self.inputs):
+                self.notes.append("the recorded inputs are not all tensors, so they are not kept for --resume")
+        if trial.metric is None:  # pragma: no cover - _evaluate raises for a failed baseline
+            raise UserCodeError("evaluate gave no metric for the FP32 model")
+        return trial.metric
+
+    def _note_noise(self, base: Baseline) -> None:
+        if not base.noisy:
+            return
+        self.notes.append(f"evaluate is not deterministic: {len(base.samples)} FP32 runs spread over "
+                          f"{base.spread:.3g}; a plan must clear the target by more than that")
+        if base.spread >= self.options.slack(base.value):
+            self.warnings.append(f"the metric's noise ({base.spread:.3g}) is as large as the tolerance allows "
+                                 f"({self.options.slack(base.value):.3g}): no plan can be confirmed; make "
+                                 "evaluate deterministic (fixed seeds, no dropout) or raise the tolerance")
+
+    def find_candidates(self) -> None:
+        """Op instances that compute in the lower precision under the preset, from one recorded forward."""
+        inputs = self._example_inputs()
+        decisions: list[tuple[Decision, int]] = []
+
+        def record(d: Decision, func: Any, args: tuple, kwargs: dict, out: Any, *raw: Any) -> None:
+            decisions.append((d, op_flops(d.op, args, kwargs, out)))
+
+        model = self.keeper.model
+        with torch.no_grad():
+            self.ref_out = call_forward(model, inputs)
+            with PrecisionEngine(self.policy, self.dtype, root=model, recorder=record):
+                low_out = call_forward(model, inputs)
+        lower_names = {short_name(d) for d in LOWER_DTYPES}
+        float_calls = [d for d, _ in decisions if d.compute != "-"]
+        self.candidates = [OpInstance(d.module, d.op, d.index) for d in float_calls
+                           if d.compute in lower_names and not d.forced]
+        self.total_calls = max(1, len(float_calls))
+        self.emit(TuneEvent(EventKind.CANDIDATES,
+                            f"{len(self.candidates)} op instances run in {self.options.dtype} under "
+                            f"{self.options.preset}; all-{self.options.dtype} output error "
+                            f"{relative_error(low_out, self.ref_out) or 0:.2e}", total=len(self.candidates)))
+
+    def _example_inputs(self) -> tuple:
+        source = self.inputs_source
+        if isinstance(source, tuple):
+            inputs = source
+        elif callable(source):
+            t0 = time.monotonic()
+            inputs = source()
+            self.user_seconds += time.monotonic() - t0
+        elif self.inputs is not None:
+            inputs = self.inputs
+        else:
+            raise ConfigError("there is no example_inputs() and evaluate never called the model; "
+                              "cannot find the op instances to tune")
+        self.inputs = tuple(a.to(self.keeper.device) if isinstance(a, torch.Tensor) else a for a in inputs)
+        return self.inputs
+
+    def search(self) -> None:
+        """The all-low trial; when it fails, rank the candidates and let FallbackSearch pick the FP32 ones."""
+        if self._trial(frozenset()):
+            self._search_best = frozenset()
+            self.notes.append("everything eligible passes in the lower precision")
+            return
+        if not self.candidates:
+            return
+        ranked = self.rank()
+        outcome = FallbackSearch(ranked, [self.scores[self.candidates[i]] for i in ranked], self._trial,
+                                 thorough=self.options.thorough, all_low_failed=True).run()
+        self._search_best = outcome.fp32
+        self.notes.extend(outcome.notes)
+        if outcome.stopped is not None:
+            self.stopped = outcome.stopped  # type: ignore[assignment]
+
+    def rank(self) -> list[int]:
+        """Candidate indices, most damaging first, from cheap forward passes on the example inputs."""
+        method = RankMethod(self.options.rank)
+
+        def progress(done: int, total: int) -> None:
+            self.emit(TuneEvent(EventKind.RANK, method.value, done=done, total=total))
+
+        scorer = rank_gradient if method is RankMethod.GRADIENT else rank_exact
+        assert self.inputs is not None
+        self.scores.update(scorer(self.keeper.model, self.inputs, self.policy, self.dtype, self.candidates,
+                                  self.ref_out, progress))
+        self.keeper.restore()
+        return sorted(range(len(self.candidates)), key=lambda i: (-self.scores[self.candidates[i]], i))
+
+    # --- evaluations -----------------------------------------------------------------------------------------
+    def _trial(self, fp32_idx: frozenset[int]) -> bool:
+        """One search trial: the candidates in `fp32_idx` stay FP32, the rest run low."""
+        if fp32_idx in self._memo:  # asked again by the search: already counted and reported
+            return self._memo[fp32_idx]
+        fp32 = frozenset(self.candidates[i] for i in fp32_idx)
+        try:
+            trial = self._evaluate(_trial_key(fp32), self._label(fp32_idx), fp32)
+        except (KeyboardInterrupt, Interrupted):
+            raise SearchStopped(StopReason.INTERRUPTED) from None
+        self._memo[fp32_idx] = trial.passed
+        return trial.passed
+
+    def _label(self, fp32_idx: frozenset[int]) -> str:
+        if not fp32_idx:
+            return f"all eligible in {self.options.dtype}"
+        order = sorted(fp32_idx, key=lambda i: (-self.scores.get(self.candidates[i], 0), i))
+        names = [self.candidates[i].label() for i in order]
+        return f"{len(names)} in FP32: " + ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
+
+    def _check_bounds(self) -> None:
+        opts = self.options
+        if opts.max_evals is not None and self.evals >= opts.max_evals:
+            raise SearchStopped(StopReason.MAX_EVALS)
+        if opts.time_budget is not None:
+            took = [t.seconds for t in self.trials if not t.from_journal] or [0.0]
+            if time.monotonic() - self.started + statistics.median(took) > opts.time_budget:
+                raise SearchStopped(StopReason.TIME_BUDGET)
+
+    def _evaluate(self, key: str, label: str, fp32: frozenset[OpInstance], *, baseline: bool = False) -> Trial:
+        """Run (or read from the journal) one full evaluation; the only place `evaluate` is called."""
+        labels = tuple(sorted(i.label() for i in fp32))
+        share = 0.0 if baseline else (len(self.candidates) - len(fp32)) / self.total_calls
+        cached = self.journal.get(key) if self.journal else None
+        if cached is not None:
+            metric = None if cached.get("metric") is None else float(cached["metric"])
+            trial = Trial(len(self.trials), label, labels, metric, self._passes(metric, baseline),
+                          float(cached["seconds"]), share, cached.get("error"), True, baseline)
+            return self._record(trial)
+        if not baseline:
+            self._check_bounds()
+        metric, error, secs = self._run_evaluate(fp32, baseline)
+        trial = Trial(len(self.trials), label, labels, metric, self._passes(metric, baseline), secs, share, error,
+                      False, baseline)
+        if self.journal:
+            self.journal.append(key, {"metric": metric, "passed": trial.passed, "seconds": secs, "error": error,
+                                      "fp32": list(labels)})
+        return self._record(trial)
+
+    def _run_evaluate(self, fp32: frozenset[OpInstance], baseline: bool) -> tuple[float | None, str | None, float]:
+        model = self.keeper.model
+        if not baseline:
+            attach(model, Plan(dtype=self.options.dtype, preset=self.options.preset,  # type: ignore[arg-type]
+                               fp32_instances=tuple(sorted(fp32))), engine="python")
+        t0 = time.monotonic()
+        metric: float | None = None
+        error: str | None = None
+        try:
+            metric = _to_float(self.evaluate_fn(model))
+        except Exception as exc:  # noqa: BLE001 - the baseline re-raises; a trial fails
+            if baseline:
+                raise
+            error = str(exc) if isinstance(exc, UserCodeError) else \
+                f"evaluate raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        finally:
+            detach(model)
+        secs = time.monotonic() - t0
+        if metric is not None and not math.isfinite(metric):
+            if baseline:
+                raise UserCodeError(f"evaluate returned {metric} for the FP32 model; the baseline must be finite")
+            error, metric = f"metric is {metric}", None
+        self.keeper.restore()
+        return metric, error, secs
+
+    def _passes(self, metric: float | None, baseline: bool) -> bool:
+        if baseline:
+            return True
+        assert self.accept is not None
+        return self.accept.confirms(metric)
+
+    def _record(self, trial: Trial) -> Trial:
+        self.evals += 1
+        self.eval_seconds += trial.seconds
+        self.trials.append(trial)
+        if not trial.baseline:
+            self.emit(TuneEvent(EventKind.TRIAL, trial=trial, done=self.evals))
+        return trial
+
+    # --- the answer ------------------------------------------------------------------------------------------
+    def _best_trial(self) -> Trial | None:
+        """The search's answer when a passing trial confirmed it, else the smallest confirmed FP32 set."""
+        passing = [t for t in self.trials if t.passed and not t.baseline]
+        if self._search_best is not None:
+            wanted = tuple(sorted(self.candidates[i].label() for i in self._search_best))
+            found = [t for t in passing if t.fp32 == wanted]
+            if found:
+                return found[-1]
+        return min(passing, key=lambda t: len(t.fp32)) if passing else None
+
+    def result(self) -> TuneResult:
+        assert self.base is not None and self.accept is not None
+        best = self._best_trial()
+        if best is not None:
+            by_label = {c.label(): c for c in self.candidates}
+            fp32_final = tuple(sorted(by_label[label] for label in best.fp32))
+            status, metric = TuneStatus.MET, best.metric
+        else:
+            fp32_final, status, metric = tuple(sorted(self.candidates)), TuneStatus.NOT_MET, None
+        opts = self.options
+        plan = Plan(dtype=opts.dtype, preset=opts.preset, fp32_instances=fp32_final,  # type: ignore[arg-type]
+                    metrics={"baseline": self.base.value, "tuned": metric, "target": self.accept.target,
+                             "tolerance": opts.tolerance, "absolute": opts.absolute,
+                             "lower_is_better": opts.lower_is_better, "noise": self.base.spread,
+                             "evaluations": self.evals, "candidates": len(self.candidates),
+                             "status": status.value, "stopped": self.stopped.value if self.stopped else None})
+        notes = list(self.notes)
+        if self.stopped is not None:
+            notes.append(f"search cut short: {self.stopped.describe(opts)}; the best plan confirmed so far was kept")
+        return TuneResult(plan=plan, status=status, baseline=self.base.value, target=self.accept.target,
+                          metric=metric, trials=self.trials, evals=self.evals, stopped=self.stopped,
+                          candidates=self.candidates, scores={c.label(): s for c, s in self.scores.items()},
+                          notes=notes, call_share=(len(self.candidates) - len(fp32_final)) / self.total_calls,
+                          seconds=time.monotonic() - self.started, eval_seconds=self.eval_seconds,
+                          user_seconds=self.user_seconds, inputs=self.inputs, warnings=list(self.warnings),
+                          noise=self.base.spread, rebuilds=self.keeper.rebuilds)

@@ -328,11 +328,25 @@ def exists_note(ctx: Ctx, rel: str) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 # Case helpers
 # ----------------------------------------------------------------------------------------------------------------
+# Tuned output folders by (model file, folder, extra flags, model source): a case that needs the same tuned run as
+# an earlier one gets a copy of it (the plan names its model file relative to the folder and the journal holds
+# content digests, so a copy at the same layout is the same run). --no-cache tunes afresh in every case.
+_TUNED: dict[tuple, Path] = {}
+USE_CACHE = [True]
+
+
 def tuned(model: str = "m.py", out: str = "out", *extra: str) -> Callable[[Ctx], None]:
     """Setup: tune {T}/MODEL into {T}/OUT (the model file must be in `files`)."""
 
     def setup(ctx: Ctx) -> None:
+        key = (model, out, extra, ctx.p(model).read_bytes())
+        if USE_CACHE[0] and key in _TUNED:
+            shutil.copytree(_TUNED[key] / out, ctx.p(out))
+            return
         ctx.mpt("tune", f"{{T}}/{model}", "--out", f"{{T}}/{out}", "-q", *extra)
+        keep = Path(tempfile.mkdtemp(prefix="mpt-fb-cache-"))
+        shutil.copytree(ctx.p(out), keep / out)
+        _TUNED[key] = keep
 
     return setup
 
@@ -428,10 +442,14 @@ def sigterm_note(ctx: Ctx, run: Run) -> str:
             + exists_note(ctx, "out/plan.yaml"))
 
 
-def budget_note(ctx: Ctx, run: Run) -> str:
-    calls = [c for c in ctx.p("evals.log").read_text().split("\n") if c] if ctx.p("evals.log").exists() else []
-    return (f"budget 3 s, evaluate 2 s: {len(calls)} evaluate calls, wall {run.seconds:.1f} s "
-            f"(budget + one evaluation = 5 s, plus ~1.5 s start-up)")
+def budget_note(budget: float, sleep: float) -> Callable[[Ctx, Run], str]:
+    def note(ctx: Ctx, run: Run) -> str:
+        log = ctx.p("evals.log")
+        calls = [c for c in log.read_text().split("\n") if c] if log.exists() else []
+        return (f"budget {budget:g} s, evaluate {sleep:g} s: {len(calls)} evaluate calls, wall {run.seconds:.1f} s "
+                f"(budget + one evaluation = {budget + sleep:g} s; the budget starts after ~1.5 s of imports)")
+
+    return note
 
 
 # --- output folder ------------------------------------------------------------------------------------------------
@@ -687,7 +705,9 @@ def evaluate(model):
     add(Case("signal: SIGTERM during the baseline", tune(), 130, {"m.py": slow(3.0)}, action=sigterm_in_baseline,
              note=sigterm_note))
     add(Case("signal: --time-budget 3, evaluate sleeps 2 s", tune(f"{T}/m.py", "--time-budget", "3"), 3,
-             {"m.py": slow(2.0, "fragile")}, note=budget_note))
+             {"m.py": slow(2.0, "fragile")}, note=budget_note(3, 2)))
+    add(Case("signal: --time-budget 4, evaluate sleeps 1 s", tune(f"{T}/m.py", "--time-budget", "4"), 3,
+             {"m.py": slow(1.0, "fragile")}, note=budget_note(4, 1)))
 
     # --- config YAML -------------------------------------------------------------------------------------------------
     def cfg(text: str | bytes) -> dict[str, str | bytes]:
@@ -852,24 +872,36 @@ def run_case(case: Case, timeout: float) -> dict:
     return row
 
 
+def run_all(selected: list[tuple[int, Case]], timeout: float) -> list[dict]:
+    rows = []
+    for n, case in selected:
+        print(f"[{n:2d}] {case.name} ...", end="", file=sys.stderr, flush=True)
+        row = run_case(case, timeout)
+        row["n"] = n
+        row["ok"] = row["rc"] in (case.expect if isinstance(case.expect, tuple) else (case.expect,))
+        rows.append(row)
+        print(f" exit {row['rc']} ({'ok' if row['ok'] else 'expected ' + str(case.expect)}) {row['seconds']:.1f}s",
+              file=sys.stderr, flush=True)
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", metavar="SUBSTRING", help="run only the cases whose name contains SUBSTRING")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per case (default 120)")
+    ap.add_argument("--no-cache", action="store_true",
+                    help="tune afresh in every case that needs a tuned folder (default: copy the first one)")
     args = ap.parse_args(argv)
+    USE_CACHE[0] = not args.no_cache
 
     selected = [(n, c) for n, c in enumerate(cases(), 1) if not args.only or args.only.lower() in c.name.lower()]
     rows = []
     t_all = time.monotonic()
-    for n, case in selected:
-        print(f"[{n:2d}] {case.name} ...", end="", file=sys.stderr, flush=True)
-        row = run_case(case, args.timeout)
-        row["n"] = n
-        rows.append(row)
-        ok = row["rc"] in (case.expect if isinstance(case.expect, tuple) else (case.expect,))
-        print(f" exit {row['rc']} ({'ok' if ok else 'expected ' + str(case.expect)}) {row['seconds']:.1f}s",
-              file=sys.stderr, flush=True)
-        row["ok"] = ok
+    try:
+        rows = run_all(selected, args.timeout)
+    finally:
+        for keep in _TUNED.values():
+            shutil.rmtree(keep, ignore_errors=True)
 
     import torch  # only for the machine line
 

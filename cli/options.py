@@ -18,6 +18,8 @@ from click.core import ParameterSource
 from . import exitcodes
 from .render import err
 
+from tuner.tune import MIN_MAX_EVALS
+
 TUNE, INSPECT, CHECK, PRESETS = "tune", "inspect", "check", "presets"
 DTYPES = ("bf16", "fp16", "bfloat16", "float16", "half")
 DEVICES = ("cpu", "cuda")
@@ -135,8 +137,9 @@ PARAMS: tuple[Param, ...] = (
     Param("lower_is_better", "lower_is_better", "The metric is a loss/perplexity: lower is better.", (TUNE,),
           flag=True),
     Param("max_evals", "max_evals", "Stop after N full evaluations (the baseline's runs included; at least 3).",
-          (TUNE,), Bounded("int", 3), "N"),  # TuneOptions' minimum: the baseline twice + one trial
-    Param("time_budget", "time_budget", "Stop starting trials after this long.", (TUNE,),
+          (TUNE,), Bounded("int", MIN_MAX_EVALS), "N"),
+    Param("time_budget", "time_budget", "Seconds from the start of the command; no evaluation is started that "
+          "would end after it (the best confirmed plan is kept).", (TUNE,),
           Bounded("number", 0, exclusive=True), "SECONDS"),
     Param("resume", "resume", "Continue the run in --out; finished evaluations are not repeated.", (TUNE,),
           flag=True),

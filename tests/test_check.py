@@ -275,3 +275,13 @@ def test_function_names_given_to_tune_are_recorded_for_check(runner, tmp_path, m
     assert check(runner, "run").exit_code == 0
     monkeypatch.setenv("MPT_TEST_RETRAINED", "1")
     assert check(runner, "run").exit_code == exitcodes.TARGET_NOT_MET
+
+
+def test_a_given_function_replaces_a_recorded_one_that_is_gone(runner, run):
+    data = yaml.safe_load((run / "plan.yaml").read_text())
+    data["model"]["eval"] = "../gone.py:score"
+    (run / "plan.yaml").write_text(yaml.safe_dump(data))
+    res = check(runner, run)
+    assert res.exit_code == exitcodes.USAGE and res.stderr.startswith("mpt: error: --eval: the plan in")
+    assert "../gone.py (the eval function's file), which is not there" in res.stderr
+    assert check(runner, run, "--eval", "evaluate").exit_code == 0

@@ -13,7 +13,7 @@ import datetime as _dt
 import math
 import time
 import xml.etree.ElementTree as ET
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -142,7 +142,8 @@ def _user_specs(plan: Any, plan_file: Path, model: str | None,
             raise ConfigError(f"model: {plan_file} does not record which model it was tuned for; give the model file",
                               fields=("model",))
         return model, given
-    model_file, *recorded = resolve_model_ref(plan.model, plan_file.parent, file=model)
+    unused = {role: None for role, spec in given.items() if spec is not None}  # the caller's win: not resolved
+    model_file, *recorded = resolve_model_ref(replace(plan.model, **unused), plan_file.parent, file=model)
     return model_file, {role: spec if spec is not None else rec for (role, spec), rec in zip(given.items(), recorded)}
 
 

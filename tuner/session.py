@@ -120,7 +120,7 @@ class TuneSession:
         self.accept = Acceptance(target, base.spread, self.options.lower_is_better)
         self._note_noise(base)
         relation = "<=" if self.options.lower_is_better else ">="
-        noise = f" (noise ±{base.spread / 2:.3g})" if base.noisy else ""
+        noise = f" (noise ±{base.spread:.3g}: a trial must clear the target by more)" if base.noisy else ""
         self.emit(TuneEvent(EventKind.BASELINE, f"baseline {base.value:.6g}{noise}; target {relation} {target:.6g}",
                             trial=self.trials[-1]))
 

@@ -21,6 +21,7 @@ from .plan import OpInstance, Plan
 from .policy import load_preset
 
 DEFAULT_PRESET = {"cpu": "torch-cpu", "cuda": "torch-cuda"}
+MIN_MAX_EVALS = 3  # the baseline twice (tuner.noise) + one trial
 
 
 @dataclass(frozen=True)
@@ -54,13 +55,13 @@ class TuneOptions:
         elif not self.absolute and self.tolerance >= 1:
             problems.append(f"tolerance: a relative tolerance must be below 1 (found {self.tolerance}); "
                             "use absolute: true for an absolute drop")
-        if self.max_evals is not None and (not isinstance(self.max_evals, int) or self.max_evals < 3):
-            problems.append(f"max_evals: expected an integer >= 3 (the baseline twice + one trial), "
+        if self.max_evals is not None and (not isinstance(self.max_evals, int) or self.max_evals < MIN_MAX_EVALS):
+            problems.append(f"max_evals: expected an integer >= {MIN_MAX_EVALS} (the baseline twice + one trial), "
                             f"found {self.max_evals!r}")
         if self.time_budget is not None and (not isinstance(self.time_budget, (int, float)) or self.time_budget <= 0):
             problems.append(f"time_budget: expected seconds > 0, found {self.time_budget!r}")
-        if problems:
-            raise ConfigError(problems, source="tune options")
+        if problems:  # each problem starts with its option's key: the CLI spells it as its flag
+            raise ConfigError(problems, source="tune options", fields=[p.split(":", 1)[0] for p in problems])
         if self.preset is None:
             object.__setattr__(self, "preset", DEFAULT_PRESET[self.device])
         load_preset(self.preset)  # raises ConfigError with suggestions

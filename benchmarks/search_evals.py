@@ -40,8 +40,10 @@ adaptive pass/fail search that does not know k exactly:
 ceil(log2(sum_{j<=k} C(N, j))) + 1; where it exceeds the target, no
 algorithm can meet the target on every placement.
 
-Targets: mpt evals <= k*ceil(log2(N/k))+3; mpt evals <= 4 when its ranking
-puts the fragile ops first; mpt never leaves more FP32 instances than a
+Targets: mpt evals <= k*ceil(log2(N/k))+4; mpt evals <= 5 when its ranking
+puts the fragile ops first (mpt's counts include the baseline's second run,
+which tells a deterministic evaluate from a noisy one; the references run the
+baseline once); mpt never leaves more FP32 instances than a
 reference that met the target.
 """
 from __future__ import annotations
@@ -64,6 +66,7 @@ import torch  # noqa: E402
 
 import tuner  # noqa: E402
 from tuner.plan import OpInstance, Plan  # noqa: E402
+from tuner.noise import Acceptance  # noqa: E402
 from tuner.search import FallbackSearch  # noqa: E402
 from tuner.testing import PlantedTask  # noqa: E402
 from tuner.tune import TuneOptions, tune  # noqa: E402
@@ -75,7 +78,7 @@ INC_MAX_TRIALS = 100
 
 
 def bound(n: int, k: int) -> int:
-    return k * math.ceil(math.log2(n / k)) + 3
+    return k * math.ceil(math.log2(n / k)) + 4  # + the baseline's second run (tuner.noise)
 
 
 def lower_bound(n: int, k: int) -> int:
@@ -112,7 +115,7 @@ class Trials:
             tuner.detach(self.model)
 
     def passes(self, metric: float) -> bool:
-        return OPTIONS.meets(metric, self.target)
+        return Acceptance(self.target, 0.0, OPTIONS.lower_is_better).confirms(metric)
 
 
 def inc_reference(trials: Trials, *, op_type_stage: bool) -> frozenset[OpInstance] | None:
@@ -257,7 +260,7 @@ def table2(placements: int, seed: int, ns: tuple[int, ...], ks: tuple[int, ...])
                     scores = [1.0] * n if pattern == "equal scores" else sorted(
                         (rng.random() for _ in range(n)), reverse=True)
                     out = FallbackSearch(ranked, scores, lambda fp32: fragile <= fp32).run()
-                    counts.append(out.evals + 1)  # + the FP32 baseline
+                    counts.append(out.evals + 2)  # + the FP32 baseline's two runs
                     wrong += out.fp32 != fragile
                 worst, target = max(counts), bound(n, k)
                 rows.append([n, k, pattern, worst, f"{statistics.mean(counts):.1f}", target,
@@ -291,10 +294,10 @@ def main() -> None:
         evals, fp32, _ = r["mpt"]
         rows.append([f"N={n} k={k}: mpt evals <= {bound(n, k)}", evals, pass_fail(evals <= bound(n, k))])
         if r["ranking_first"]:
-            rows.append([f"N={n} k={k}: ranking puts the fragile ops first -> mpt evals <= 4", evals,
-                         pass_fail(evals <= 4)])
+            rows.append([f"N={n} k={k}: ranking puts the fragile ops first -> mpt evals <= 5", evals,
+                         pass_fail(evals <= 5)])
         else:
-            rows.append([f"N={n} k={k}: ranking did NOT put the fragile ops first (<= 4 not applicable)", evals,
+            rows.append([f"N={n} k={k}: ranking did NOT put the fragile ops first (<= 5 not applicable)", evals,
                          "n/a"])
         met = [(name, r[name][1]) for name in ("INC 2.x", "INC op-wise", "onnx halving") if r[name][1] is not None]
         fewest = min((len(s) for _, s in met), default=None)

@@ -382,7 +382,7 @@ def tune(model: str = "{T}/m.py", *extra: str, out: str = "{T}/out") -> list[str
 
 def problems_note(ctx: Ctx, run: Run) -> str:
     listed = [ln for ln in run.stderr.splitlines() if ln.strip().startswith("- ")]
-    shown = "; ".join(s.strip()[2:][:60] for s in listed)
+    shown = " / ".join(s.strip()[2:][:60].rstrip("; ") for s in listed)
     return f"{len(listed)} problems listed" + (f": {shown}" if listed else "")
 
 
@@ -393,7 +393,9 @@ def suggestion_note(ctx: Ctx, run: Run) -> str:
 
 
 def no_plan_note(ctx: Ctx, run: Run) -> str:
-    return exists_note(ctx, "out/plan.yaml")
+    out = ctx.p("out")
+    left = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    return exists_note(ctx, "out/plan.yaml") + f"; out/ holds: {', '.join(left) or 'nothing'}"
 
 
 # --- signals ------------------------------------------------------------------------------------------------------

@@ -415,8 +415,8 @@ def silent():
     assert one_line(info.value).startswith("multi raised RuntimeError: first line")
     with pytest.raises(KeyboardInterrupt):
         call_user(module.interrupt, what="interrupt")
-    with pytest.raises(SystemExit):
-        call_user(module.leave, what="leave")
+    with pytest.raises(UserCodeError, match=r"leave called sys.exit\(3\) \(model.py:\d+\)"):
+        call_user(module.leave, what="leave")  # not mpt's exit code: the user's code ended early
     with pytest.raises(UserCodeError) as info:
         call_user(module.nested, what="nested")
     assert str(info.value) == "already explained (x.py:1)"

@@ -253,3 +253,25 @@ def test_noisy_evaluate_is_measured_and_its_plan_holds_in_repeated_checks(runner
     for _ in range(5):
         check = mpt(runner, "check", out)
         assert check.exit_code == exitcodes.OK, check.output
+
+
+@pytest.mark.parametrize("line", ['[1, 2]', '{"kind": "eval", "key": "fp32=", "metric": "high", "seconds": 1}',
+                                  '{"kind": "eval", "key": "fp32="}', '\udcff'])
+def test_a_damaged_journal_line_is_a_usage_error(runner, tmp_path, model_py, line):
+    out = tmp_path / "out"
+    mpt(runner, "tune", model_py, "--out", out, "--max-evals", "3", "-q")
+    lines = (out / "journal.jsonl").read_text().splitlines()
+    data = "\n".join([lines[0], line, *lines[1:]]) + "\n"
+    (out / "journal.jsonl").write_bytes(data.encode("utf-8", "surrogateescape"))
+    res = mpt(runner, "tune", model_py, "--out", out, "--resume", "-q")
+    assert res.exit_code == exitcodes.USAGE, res.output
+    assert "line 2 is damaged" in res.stderr and "--overwrite" in res.stderr
+
+
+def test_sys_exit_in_evaluate_is_the_users_error(runner, tmp_path, model_py):
+    model_py.write_text(model_py.read_text().replace("    _CALLS[0] += 1\n", "    _CALLS[0] += 1\n"
+                                                       "    raise SystemExit(0)\n"))
+    res = mpt(runner, "tune", model_py, "--out", tmp_path / "out", "-q")
+    assert res.exit_code == exitcodes.USER_CODE, res.output
+    assert res.stderr.startswith("mpt: error: evaluate called sys.exit(0)") and "planted.py:" in res.stderr
+    assert not (tmp_path / "out" / "plan.yaml").exists()

@@ -66,6 +66,21 @@ class RunFingerprint:
         return found
 
 
+def _number_or_none(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _well_formed(record: Any, *, first: bool) -> bool:
+    """A header (first line) or an eval record with the fields the session reads back."""
+    if not isinstance(record, dict):
+        return False
+    if first or record.get("kind") == "header":
+        return first and record.get("kind") == "header"
+    return (record.get("kind") == "eval" and isinstance(record.get("key"), str)
+            and _number_or_none(record.get("metric")) and _number_or_none(record.get("seconds"))
+            and record.get("seconds") is not None)
+
+
 class Journal:
     def __init__(self, path: str | Path, fingerprint: RunFingerprint, *, resume: bool) -> None:
         self.path = Path(path)
@@ -81,26 +96,29 @@ class Journal:
 
     def _read(self) -> bool:
         """Load the entries; False when there is nothing to resume (empty, or torn inside the header)."""
-        lines = self.path.read_text(encoding="utf-8").splitlines()
+        lines = self.path.read_bytes().decode("utf-8", errors="replace").splitlines()
         records = []
         for n, line in enumerate(lines):
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except json.JSONDecodeError:
                 if n == len(lines) - 1:
                     break  # torn last line: that evaluation did not finish
-                raise ConfigError(f"line {n + 1} is not JSON; cannot resume (use --overwrite to start over)",
-                                  source=str(self.path)) from None
+                record = None
+            if not _well_formed(record, first=n == 0):
+                raise ConfigError(f"line {n + 1} is damaged; cannot resume (use `overwrite` to start over)",
+                                  source=str(self.path))
+            records.append(record)
         if not records:
             return False  # torn inside the header: no evaluation was ever recorded
         header = records[0]
         if header.get("kind") != "header" or header.get("format") != JOURNAL_FORMAT:
             raise ConfigError("the journal was written by another version of mpt; cannot resume "
-                              "(use --overwrite to start over)", source=str(self.path))
+                              "(use `overwrite` to start over)", source=str(self.path))
         changed = self.fingerprint.differences(header)
         if changed:
             raise ConfigError("cannot resume: " + "; ".join(changed) + " since the journal was written "
-                              "(use --overwrite to start over)", source=str(self.path))
+                              "(use `overwrite` to start over)", source=str(self.path))
         self.entries = {r["key"]: r for r in records[1:] if r.get("kind") == "eval" and "key" in r}
         if len(records) != len(lines):  # drop the torn line so appends stay valid JSONL
             atomic_write(self.path, lambda tmp: Path(tmp).write_text(

@@ -122,8 +122,9 @@ def load_user_model(spec: str, *, model: str | None = None, eval: str | None = N
 def call_user(fn: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -> Any:
     """Run user code; any Exception becomes UserCodeError("<what> raised Type: msg") at the user's line.
 
-    KeyboardInterrupt and SystemExit pass through (they are not Exceptions),
-    and so does a UserCodeError from a nested call, which already says where.
+    KeyboardInterrupt passes through, and so does a UserCodeError from a nested
+    call, which already says where. `sys.exit()` in user code is an error too:
+    it would otherwise end mpt silently with the user's exit code.
     """
     return _run_user(fn, args, kwargs, what=what, own=_source_file(fn))
 
@@ -147,12 +148,12 @@ def _run_user(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], *, wh
         return fn(*args, **kwargs)
     except UserCodeError:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         files = set(_user_files)
         if own:
             files.add(own)
-        raise UserCodeError(f"{what} raised {_exc_summary(exc)}", where=_user_frame(exc, files),
-                            original=exc) from exc
+        summary = f"called sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else f"raised {_exc_summary(exc)}"
+        raise UserCodeError(f"{what} {summary}", where=_user_frame(exc, files), original=exc) from exc
 
 
 # --- spec parsing and import -------------------------------------------------------------------------------

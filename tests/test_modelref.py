@@ -40,11 +40,12 @@ def test_no_common_folder_but_the_root_stays_absolute(repo):
 
 
 def test_digests_when_the_model_is_given(repo):
-    user = load_user_model("src/model.py")
+    user = load_user_model("src/model.py", eval="metrics.py:score")
     model = user.build()
     ref = model_ref_for(user, repo / "out", build=None, eval="metrics.py:score", inputs=None, model=model)
     assert ref.structure == structure_digest(model) and len(ref.weights) == len(ref.source) == 64
-    other = model_ref_for(user, repo / "out", build=None, eval=None, inputs=None, model=model)
+    plain = load_user_model("src/model.py")
+    other = model_ref_for(plain, repo / "out", build=None, eval=None, inputs=None, model=model)
     assert other.source != ref.source  # metrics.py counts among the user's files
     ref.check_structure(user.build())
 

@@ -20,6 +20,7 @@ import tuner
 from cli import exitcodes
 from cli.main import main
 from tuner.errors import UserCodeError
+from tuner.loader import load_user_model
 from tuner.testing import PlantedTask
 from tuner.tune import StopReason, TuneOptions, TuneStatus, tune
 
@@ -194,11 +195,10 @@ def test_ctrl_c_after_passing_trials_leaves_a_loadable_plan(runner, tmp_path, mo
     assert "wrote the best plan confirmed so far" in res.stderr
     plan = yaml.safe_load((out / "plan.yaml").read_text())
     assert plan["metrics"]["status"] == "ok" and plan["metrics"]["stopped"] == "interrupted"
-    spec = __import__("importlib.util").util.spec_from_file_location("planted_copy", model_py)
-    module = __import__("importlib.util").util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    loaded = tuner.load(module.build_model(), out)
-    assert loaded(*module.planted_inputs()).shape[0] == module.planted_inputs()[0].shape[0]
+    user = load_user_model(str(model_py), inputs="planted_inputs")
+    loaded = tuner.load(user.build(), out)
+    inputs = user.example_inputs()
+    assert loaded(*inputs).shape[0] == inputs[0].shape[0]
 
 
 # --- 6. outputs committed as a set --------------------------------------------------------------------------

@@ -46,13 +46,15 @@ class UserModel:
 
     `eval_fn` is None only when loaded with `require_eval=False` from a file
     without an evaluate function; `inputs_fn` is None when there is no
-    example_inputs function.
+    example_inputs function. `files` are the user's files that were imported
+    (the model file first): what a journal or plan fingerprints as its source.
     """
 
     path: Path
     build_fn: Callable[[], Any]
     eval_fn: Callable[[Any], Any] | None
     inputs_fn: Callable[[], Any] | None
+    files: tuple[Path, ...] = ()
 
     def build(self) -> torch.nn.Module:
         name = _fn_name(self.build_fn, DEFAULT_BUILD)
@@ -116,7 +118,7 @@ def load_user_model(spec: str, *, model: str | None = None, eval: str | None = N
     eval_fn = _pick(eval, DEFAULT_EVAL, "eval", path, modules, require_eval)
     inputs_fn = _pick(inputs, DEFAULT_INPUTS, "inputs", path, modules, False)
     assert build_fn is not None
-    return UserModel(path=path, build_fn=build_fn, eval_fn=eval_fn, inputs_fn=inputs_fn)
+    return UserModel(path=path, build_fn=build_fn, eval_fn=eval_fn, inputs_fn=inputs_fn, files=tuple(modules))
 
 
 def call_user(fn: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -> Any:

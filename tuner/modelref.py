@@ -61,9 +61,11 @@ def _relative_spec(spec: str | None, model_path: Path, out: Path) -> str | None:
 
 
 def model_ref_for(user: UserModel, out: Path, *, build: str | None, eval: str | None,  # noqa: A002
-                  inputs: str | None, model: torch.nn.Module | None = None) -> ModelRef:
+                  inputs: str | None, model: torch.nn.Module | None = None,
+                  weights: str | None = None) -> ModelRef:
     """The ModelRef for a plan written to `out`: the user's model file and the function specs they gave,
-    files relative to `out`, plus digests of `model` (structure, FP32 weights) and of the user's files.
+    files relative to `out`, plus digests of `model` (structure, FP32 weights) and of the user's files
+    (`user.files`). `weights` is the weights digest when the caller already has it (one pass saved).
 
     A builder picked as MODEL.py:NAME is recorded as `build: NAME`.
     """
@@ -79,9 +81,8 @@ def model_ref_for(user: UserModel, out: Path, *, build: str | None, eval: str | 
     if model is not None:
         from .fingerprint import source_digest, structure_digest, weights_digest
 
-        files = [model_path] + [f for s in given.values() if s is not None and (f := _spec_file(s, model_path))]
-        digests = {"structure": structure_digest(model), "weights": weights_digest(model),
-                   "source": source_digest(f for f in files if f.is_file())}
+        digests = {"structure": structure_digest(model), "weights": weights or weights_digest(model),
+                   "source": source_digest(user.files or (model_path,))}
     return ModelRef(file=_relative_to(model_path, out), **specs, **digests)
 
 

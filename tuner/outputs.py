@@ -10,6 +10,7 @@ either. `report.json` embeds the plan's own dict, so the two cannot disagree.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import html
 import json
 import math
@@ -161,9 +162,7 @@ def _write_staged(result: TuneResult, stage: Path, out: Path, *, model: nn.Modul
     with _writing(out, CHECKPOINT_NAME):
         ckpt = save_checkpoint(model, result.plan, inputs, stage / CHECKPOINT_NAME)
         digest = sha256_file(stage / CHECKPOINT_NAME)
-    plan = Plan(**{**{f: getattr(result.plan, f) for f in ("dtype", "preset", "lower", "fp32", "promote", "modules",
-                                                           "fp32_instances", "metrics", "version")},
-                   "model": model_ref, "checkpoint_sha256": digest})
+    plan = dataclasses.replace(result.plan, model=model_ref, checkpoint_sha256=digest)
     header = (f"status {result.status.value}" + (f", cut short: {result.stopped.value}" if result.stopped else "") +
               f"; baseline {result.baseline:.6g}, tuned {result.metric}, {result.evals} evaluations")
     with _writing(out, PLAN_NAME):

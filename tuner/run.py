@@ -5,7 +5,6 @@ the returned `TuneRun`.
 """
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,19 +32,6 @@ class TuneRun:
         return self.report is not None
 
 
-def user_files(user: UserModel) -> list[Path]:
-    """The model file and any other file the build/eval/inputs functions come from."""
-    files = {Path(user.path).resolve()}
-    for fn in (user.build_fn, user.eval_fn, user.inputs_fn):
-        try:
-            source = inspect.getsourcefile(inspect.unwrap(fn)) if fn is not None else None
-        except TypeError:
-            source = None
-        if source and Path(source).is_file():
-            files.add(Path(source).resolve())
-    return sorted(files)
-
-
 def tune_into_folder(user: UserModel, options: TuneOptions, out: str | Path, *, resume: bool = False,
                      overwrite: bool = False, specs: Mapping[str, str | None] | None = None,
                      on_event: Callable[[TuneEvent], None] | None = None,
@@ -62,7 +48,7 @@ def tune_into_folder(user: UserModel, options: TuneOptions, out: str | Path, *, 
         t0 = time.monotonic()
         keeper = ModelKeeper(user.build, options.device)
         build_seconds = time.monotonic() - t0
-        fingerprint = RunFingerprint(source=source_digest(user_files(user)), weights=keeper.weights_digest,
+        fingerprint = RunFingerprint(source=source_digest(user.files or (user.path,)), weights=keeper.weights_digest,
                                      settings=options.settings())
         journal = Journal(folder.path / JOURNAL_NAME, fingerprint, resume=resume)
         inputs = user.example_inputs if user.inputs_fn is not None else None
@@ -78,7 +64,7 @@ def tune_into_folder(user: UserModel, options: TuneOptions, out: str | Path, *, 
 
         given = dict(specs or {})
         ref = model_ref_for(user, folder.path, build=given.get("build"), eval=given.get("eval"),
-                            inputs=given.get("inputs"), model=keeper.model)
+                            inputs=given.get("inputs"), model=keeper.model, weights=keeper.weights_digest)
         report = write_outputs(result, folder.path, model=keeper.model, build=user.build, model_ref=ref,
                                device=options.device)
         return TuneRun(result, folder.path, report)

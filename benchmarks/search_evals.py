@@ -9,7 +9,7 @@ evaluate (agreement with the FP32 predictions, tolerance 1% relative) and
 every count includes the FP32 baseline evaluation:
 
   mpt tune      tuner.tune(..., TuneOptions(dtype="bf16", tolerance=0.01)):
-                baseline, then FallbackSearch over the instances ranked by cheap forward passes.
+                baseline, then PrecisionSearch over the instances ranked by cheap forward passes.
   INC 2.x       reference of neural_compressor/strategy/auto_mixed_precision.py (quant_level "auto"):
                 baseline, all-low, each op type alone to FP32, each instance alone to FP32
                 (recording the metric), then accumulated fallback in the order of that metric.
@@ -29,7 +29,7 @@ Candidates are `result.candidates` from the mpt run. "FP32" is the number of
 instances the method leaves in FP32 (share = FP32 / N); "exact" says whether
 that set is exactly the planted fragile ops.
 
-Table 2 (oracle). FallbackSearch run directly with an uninformative ranking
+Table 2 (oracle). PrecisionSearch run directly with an uninformative ranking
 (fragile ops at random positions of the ranking) and the oracle
 test = lambda fp32: fragile <= fp32; worst and mean evaluations over
 --placements random placements, +1 for the baseline, next to the target
@@ -67,7 +67,7 @@ import torch  # noqa: E402
 import tuner  # noqa: E402
 from tuner.plan import OpInstance, Plan  # noqa: E402
 from tuner.noise import Acceptance  # noqa: E402
-from tuner.search import FallbackSearch  # noqa: E402
+from tuner.search import PrecisionSearch  # noqa: E402
 from tuner.testing import PlantedTask  # noqa: E402
 from tuner.tune import TuneOptions, tune  # noqa: E402
 
@@ -259,14 +259,15 @@ def table2(placements: int, seed: int, ns: tuple[int, ...], ks: tuple[int, ...])
                     fragile = frozenset(rng.sample(range(n), k))
                     scores = [1.0] * n if pattern == "equal scores" else sorted(
                         (rng.random() for _ in range(n)), reverse=True)
-                    out = FallbackSearch(ranked, scores, lambda fp32: fragile <= fp32).run()
+                    by_item = [scores[ranked.index(i)] for i in range(n)]  # item i sits at ranked.index(i)
+                    out = PrecisionSearch(by_item, lambda fp32: fragile <= fp32, thorough=True).run()
                     counts.append(out.evals + 2)  # + the FP32 baseline's two runs
                     wrong += out.fp32 != fragile
                 worst, target = max(counts), bound(n, k)
                 rows.append([n, k, pattern, worst, f"{statistics.mean(counts):.1f}", target,
                              pass_fail(worst <= target), lower_bound(n, k), f"{wrong}/{placements}"])
                 checks.append((n, k, pattern, worst, target))
-    print(f"\n### Table 2: FallbackSearch with an uninformative ranking, oracle test, "
+    print(f"\n### Table 2: PrecisionSearch --thorough with an uninformative ranking, oracle test, "
           f"{placements} random placements (baseline included)\n")
     print(table(["N", "k", "scores", "worst evals", "mean evals", "target k*ceil(log2(N/k))+3", "worst <= target",
                  "lower bound, any search", "wrong FP32 set"], rows))

@@ -14,7 +14,8 @@ from . import exitcodes
 from .options import command_values, display_names, schema
 from .render import err
 
-from tuner.errors import ConfigError, DeviceError, Interrupted, MptError, OutputError, PlanMismatchError, UserCodeError
+from tuner.errors import (ConfigError, DeployError, DeviceError, Interrupted, MptError, OutputError, PlanMismatchError,
+                          UserCodeError)
 
 _KEY = re.compile(r"[a-z][a-z0-9_]*")
 _QUOTED = re.compile(r"`([a-z][a-z0-9_]*)`")
@@ -28,7 +29,7 @@ def exit_code(exc: MptError) -> int:
     """The documented exit code for a library error."""
     if isinstance(exc, UserCodeError):
         return exitcodes.USER_CODE
-    if isinstance(exc, (ConfigError, PlanMismatchError, DeviceError, OutputError)):
+    if isinstance(exc, (ConfigError, PlanMismatchError, DeviceError, OutputError, DeployError)):
         return exitcodes.USAGE
     return exitcodes.INTERNAL
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Any
 
@@ -14,11 +15,27 @@ from .render import console, fmt_err, is_tty
 EPILOG = """\b
 Examples:
   mpt inspect examples/digits_cnn.py                    # torch-cpu preset, bf16
-  mpt inspect examples/digits_cnn.py --preset hmp --top 20
+  mpt inspect examples/digits_cnn.py --preset hmp --top 20   # the 20 calls that add the most error
   mpt inspect model.py --plan mpt-out/plan.yaml --json > ops.json
   mpt inspect model.py --lower-list bf16_ops.txt --fp32-list fp32_ops.txt
   mpt inspect --config configs/digits_sensor.yaml
 """
+
+TOP_TITLE = "the {n} op calls that add the most error themselves (local; error where local is unknown)"
+
+
+def _sortable(value: float | None) -> float:
+    """NaN (an overflow) ranks above everything, an unknown error below everything."""
+    if value is None:
+        return -1.0
+    return math.inf if math.isnan(value) else value
+
+
+def _by_own_error(r: Any) -> tuple[float, float]:
+    """--top's order: the error the op adds itself (`local`), then the error it carries (`error`)."""
+    own = r.local_error if r.local_error is not None else r.error
+    return _sortable(own), _sortable(r.error)
+
 
 @click.command(INSPECT, epilog=EPILOG)
 @options(INSPECT)
@@ -29,12 +46,15 @@ def inspect_cmd(model_file: str | None, preset: str | None, plan_path: str | Non
                 inputs_fn: str | None) -> None:
     """Show what precision each op call runs in, why, and how much error it adds.
 
-    Runs example_inputs() once in FP32 and once under the policy, and lists for
-    each op call: module path, op, input dtypes, the dtype it computed in,
-    output dtype, the rule that decided it, its error against the FP32 run
+    Runs example_inputs() once in FP32 and once under the policy (a tuple is
+    the positional args, a dict the keyword args), and lists for each op
+    call: module path, op, input dtypes, the dtype it computed in, output
+    dtype, the rule that decided it, its error against the FP32 run
     (`error`, everything upstream included) and the error the op adds by
-    itself (`local`). The summary gives the share of op calls and of
-    matmul/conv FLOPs that ran in the lower precision and the casts inserted.
+    itself (`local`). --top N keeps the N calls with the largest `local`
+    error (`error` breaks ties, and ranks calls that have no `local`). The
+    summary gives the share of op calls and of matmul/conv FLOPs that ran in
+    the lower precision and the casts inserted.
     """
     from tuner.audit import inspect_model
     from tuner.errors import ConfigError
@@ -63,7 +83,7 @@ def inspect_cmd(model_file: str | None, preset: str | None, plan_path: str | Non
     inputs = user.example_inputs()
     if inputs is None:
         raise ConfigError(f"{user.path.name} defines no example_inputs(); add one or pass --inputs NAME")
-    model = user.build()
+    model = user.build().eval()  # as mpt tune and mpt check run it: no dropout, BatchNorm's running stats
     policy: Any = plan_path if plan_path else (preset or "torch-cpu")
     if lower_list or fp32_list:
         from tuner.policy import custom_policy, load_preset, read_op_list
@@ -87,10 +107,11 @@ def inspect_cmd(model_file: str | None, preset: str | None, plan_path: str | Non
         policy = custom_policy(load_preset(policy), lower=lists["lower"], fp32=lists["fp32"])
     result = inspect_model(model, inputs, policy, dtype, modules=mods or None)
     records = result.records
-    shown = sorted(records, key=lambda r: -(r.error or 0.0))[:top] if top else records
+    shown = sorted(records, key=_by_own_error, reverse=True)[:top] if top else records
     if as_json:
         data = result.to_dict()
-        data["records"] = [data["records"][records.index(r)] for r in shown]
+        position = {id(r): n for n, r in enumerate(records)}
+        data["records"] = [data["records"][position[id(r)]] for r in shown]
         json.dump(data, sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")
         return
@@ -102,7 +123,8 @@ def inspect_cmd(model_file: str | None, preset: str | None, plan_path: str | Non
     if is_tty():
         from rich.table import Table
 
-        table = Table(title=f"mpt inspect: {user.path.name}", show_lines=False, pad_edge=False)
+        title = f"mpt inspect: {user.path.name}" + (f", {TOP_TITLE.format(n=len(shown))}" if top else "")
+        table = Table(title=title, show_lines=False, pad_edge=False)
         table.add_column("module", no_wrap=True, overflow="ellipsis", max_width=32)
         table.add_column("op", no_wrap=True)
         table.add_column("in > ran > out", no_wrap=True)
@@ -116,6 +138,8 @@ def inspect_cmd(model_file: str | None, preset: str | None, plan_path: str | Non
                           fmt_err(r.local_error, 1), r.reason, style=style)
         out.print(table)
     else:
+        if top:
+            out.print(TOP_TITLE.format(n=len(shown)))
         out.print(f"{'module':30} {'op':28} {'inputs':16} {'computed':8} {'output':6} {'error':>9} {'local':>9}  rule")
         for r in shown:
             out.print(f"{(r.module or '(root)'):30} {r.op + '#' + str(r.index):28} "

@@ -68,7 +68,9 @@ class Param:
     """One option: its key (flag `--key-with-dashes`), the commands' parameter name, and where it is used.
 
     `per_command` overrides click settings (default, help) for one command;
-    `positional` lists the commands that take it as their argument.
+    `positional` lists the commands that take it as their argument. A
+    `negatable` flag is on by default and spelled `--key/--no-key`; its config
+    key is `key: true|false`.
     """
 
     key: str
@@ -82,6 +84,7 @@ class Param:
     short: str | None = None
     default: Any = None
     positional: tuple[str, ...] = ()
+    negatable: bool = False
     per_command: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
@@ -97,7 +100,8 @@ class Param:
             settings.pop("type")
             settings.pop("metavar")
             settings["default"] = bool(settings["default"])
-        decls = [self.flag_name, *([self.short] if self.short else []), self.dest]
+        first = f"{self.flag_name}/--no-{self.flag_name[2:]}" if self.flag and self.negatable else self.flag_name
+        decls = [first, *([self.short] if self.short else []), self.dest]
         return click.option(*decls, cls=KeyedOption, config_key=self.key, is_flag=self.flag,
                             multiple=self.multiple, show_default=settings["default"] not in (None, False),
                             **settings)
@@ -147,6 +151,9 @@ PARAMS: tuple[Param, ...] = (
     Param("device", "device", "Where to run the model; a dtype the device cannot run is refused before any "
           "evaluation.", (TUNE, CHECK), click.Choice(DEVICES), default="cpu"),
     Param("thorough", "thorough", "Prove every FP32 instance necessary (more evaluations).", (TUNE,), flag=True),
+    Param("latency", "latency", "Time the tuned model against FP32 on the example inputs after the search "
+          "(report.json latency_ms); --no-latency skips it (latency_ms: null, no slower-than-FP32 warning).",
+          (TUNE,), flag=True, default=True, negatable=True),
     Param("rank", "rank", "How to rank op instances before the search: gradient = one forward with every op's "
           "low-precision error plus a few backward passes (first-order damage to the output); exact = one "
           "forward per op instance (slower; catches saturation effects).", (TUNE,),
@@ -156,7 +163,8 @@ PARAMS: tuple[Param, ...] = (
     Param("json", "as_json", "Print one JSON document for scripts instead of the table or verdict line.",
           (INSPECT, CHECK), flag=True),
     Param("junit", "junit_path", "Also write a JUnit XML report to FILE.", (CHECK,), click.Path(), "FILE"),
-    Param("top", "top", "Show only the N calls with the largest error.", (INSPECT,), Bounded("int", 1), "N"),
+    Param("top", "top", "Show only the N calls that add the most error themselves (local; error where local is "
+          "unknown).", (INSPECT,), Bounded("int", 1), "N"),
     Param("quiet", "quiet", "Only the final verdict.", (TUNE,), flag=True, short="-q"),
     Param("build", "model_fn", "Model builder build_model() -> nn.Module (default: build_model).", ALL, FUNCTION,
           "NAME|FILE.py:NAME"),

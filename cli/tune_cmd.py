@@ -83,8 +83,8 @@ class _Renderer:
 @guarded
 def tune_cmd(model_file: str | None, dtype: str, preset: str | None, tolerance: float, absolute: bool,
              lower_is_better: bool, max_evals: int | None, time_budget: float | None, out_dir: str, resume: bool,
-             overwrite: bool, device: str, thorough: bool, rank: str, quiet: bool, config_path: str | None,
-             model_fn: str | None, eval_fn: str | None, inputs_fn: str | None) -> None:
+             overwrite: bool, device: str, thorough: bool, latency: bool, rank: str, quiet: bool,
+             config_path: str | None, model_fn: str | None, eval_fn: str | None, inputs_fn: str | None) -> None:
     """Find which op instances must stay FP32 so the model keeps its accuracy in bf16/fp16.
 
     Evaluates the FP32 baseline, then everything eligible in the lower dtype;
@@ -109,7 +109,7 @@ def tune_cmd(model_file: str | None, dtype: str, preset: str | None, tolerance: 
     user = load_user_model(model_file, model=model_fn, eval=eval_fn, inputs=inputs_fn)
     run = tune_into_folder(user, options, out_dir, resume=resume, overwrite=overwrite,
                            specs={"build": model_fn, "eval": eval_fn, "inputs": inputs_fn},
-                           on_event=_Renderer(quiet), started=started)
+                           on_event=_Renderer(quiet), started=started, latency=latency)
     _summarize(run, options, quiet)
 
 
@@ -131,6 +131,7 @@ def _summarize(run: Any, options: Any, quiet: bool) -> None:
         for w in run.report["warnings"]:
             warn(w)
     lat = run.report["latency_ms"]
+    timing = f"forward {lat['tuned']:.2f} ms vs {lat['fp32']:.2f} ms FP32; " if lat else ""
     share = run.report["low_precision_flop_share"]
     cut = f"; search cut short ({result.stopped.describe(options)})" if result.stopped else ""
     if result.status is TuneStatus.MET:
@@ -138,7 +139,7 @@ def _summarize(run: Any, options: Any, quiet: bool) -> None:
             f"target met: {result.metric:.6g} vs baseline {result.baseline:.6g} (target {result.target:.6g}); "
             f"{len(result.plan.fp32_instances)} of {len(result.candidates)} op instances in FP32; "
             f"{share:.0%} of matmul/conv FLOPs in {options.dtype}; {result.evals} evaluations; "
-            f"forward {lat['tuned']:.2f} ms vs {lat['fp32']:.2f} ms FP32; wrote {out}/", markup=False)
+            f"{timing}wrote {out}/", markup=False)
         if result.stopped:
             out_console.print(f"search cut short ({result.stopped.describe(options)}): this is the best "
                               "confirmed plan so far", markup=False)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tuner.errors import ConfigError, UserCodeError
+from tuner.inputs import ModelInputs
 from tuner.loader import UserModel, _split_spec, call_user, load_user_model
 
 ASSETS = Path(__file__).parent / "assets" / "loader"
@@ -67,8 +68,9 @@ def test_loads_asset_model_file():
     metric = user.evaluate(model)
     assert isinstance(metric, float) and 0.0 <= metric <= 1.0
     inputs = user.example_inputs()
-    assert isinstance(inputs, tuple) and len(inputs) == 1 and inputs[0].shape == (3, 4)
-    model(*inputs)
+    assert isinstance(inputs, ModelInputs) and len(inputs.args) == 1 and inputs.args[0].shape == (3, 4)
+    assert not inputs.kwargs
+    inputs.call(model)
 
 
 def test_user_model_is_frozen(tmp_path):
@@ -149,7 +151,7 @@ def inputs():
     user = load_user_model(str(path), model="make_net", eval="score", inputs="inputs")
     assert user.build_fn.__name__ == "make_net"
     assert user.evaluate(user.build()) == 7.0
-    assert user.example_inputs()[0].shape == (1, 2)
+    assert user.example_inputs().args[0].shape == (1, 2)
 
 
 def test_overrides_from_another_file(tmp_path, monkeypatch):
@@ -170,7 +172,7 @@ def test_overrides_from_another_file(tmp_path, monkeypatch):
     user = load_user_model(str(path), eval=f"{other_dir / 'metrics.py'}:accuracy",
                            inputs=str(other_dir / "metrics.py"))
     assert user.evaluate(user.build()) == 0.25
-    assert user.example_inputs()[0].shape == (5, 4)
+    assert user.example_inputs().args[0].shape == (5, 4)
     assert user.eval_fn.__module__ == user.inputs_fn.__module__  # the other file is imported once
     assert user.eval_fn.__module__ != user.build_fn.__module__
 
@@ -507,23 +509,30 @@ def inputs_user(tmp_path: Path, body: str) -> UserModel:
 
 def test_inputs_tuple_kept(tmp_path):
     inputs = inputs_user(tmp_path, "(torch.ones(2), 3, None)").example_inputs()
-    assert isinstance(inputs, tuple) and len(inputs) == 3 and inputs[1] == 3 and inputs[2] is None
+    assert isinstance(inputs, ModelInputs) and not inputs.kwargs
+    assert len(inputs.args) == 3 and inputs.args[1] == 3 and inputs.args[2] is None
 
 
 def test_inputs_tensor_wrapped(tmp_path):
     inputs = inputs_user(tmp_path, "torch.ones(2, 4)").example_inputs()
-    assert isinstance(inputs, tuple) and len(inputs) == 1 and inputs[0].shape == (2, 4)
+    assert len(inputs.args) == 1 and inputs.args[0].shape == (2, 4) and not inputs.kwargs
 
 
-def test_inputs_dict_wrapped(tmp_path):
+def test_inputs_dict_is_keyword_args(tmp_path):
     inputs = inputs_user(tmp_path, "{'x': torch.ones(2)}").example_inputs()
-    assert isinstance(inputs, tuple) and len(inputs) == 1 and isinstance(inputs[0], dict)
-    assert list(inputs[0]) == ["x"]
+    assert inputs.args == () and list(inputs.kwargs) == ["x"]
 
 
 def test_inputs_dict_inside_tuple_passed_as_is(tmp_path):
     inputs = inputs_user(tmp_path, "(torch.ones(2), {'mask': torch.zeros(2)})").example_inputs()
-    assert len(inputs) == 2 and isinstance(inputs[1], dict) and list(inputs[1]) == ["mask"]
+    assert len(inputs.args) == 2 and isinstance(inputs.args[1], dict) and list(inputs.args[1]) == ["mask"]
+
+
+def test_inputs_dict_with_non_str_keys_is_refused(tmp_path):
+    user = inputs_user(tmp_path, "{0: torch.ones(2)}")
+    with pytest.raises(UserCodeError) as info:
+        user.example_inputs()
+    assert "keyword argument names" in one_line(info.value)
 
 
 @pytest.mark.parametrize("body, fragment", [("[torch.ones(2)]", "list"), ("None", "None"), ("5", "int")])

@@ -198,7 +198,7 @@ def test_ctrl_c_after_passing_trials_leaves_a_loadable_plan(runner, tmp_path, mo
     user = load_user_model(str(model_py), inputs="planted_inputs")
     loaded = tuner.load(user.build(), out)
     inputs = user.example_inputs()
-    assert loaded(*inputs).shape[0] == inputs[0].shape[0]
+    assert inputs.call(loaded).shape[0] == inputs.args[0].shape[0]
 
 
 # --- 6. outputs committed as a set --------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from torch import nn
 from tuner.audit import inspect_model
 from tuner.journal import Journal, RunFingerprint
 from tuner.noise import Acceptance
-from tuner.search import FallbackSearch, gap_index
+from tuner.search import PrecisionSearch, gap_index
 from tuner.testing import PlantedTask
 from tuner.tune import StopReason, TuneOptions, TuneStatus, tune
 
@@ -106,11 +106,11 @@ def test_lower_is_better_and_absolute_targets():
 def test_gap_index_and_worst_case_without_ranking():
     assert gap_index([100, 90, 1, 0.5, 0.9]) == 2
     assert gap_index([1, 0.9, 0.8, 0.7]) is None
-    # adversarial ranking (fragile op last): k=1 stays within ceil(log2 N) + 1 search evaluations
+    # adversarial ranking (fragile op last): the cut stays within ceil(log2 N) + 2 evaluations (all-low
+    # included) but keeps the whole prefix; --thorough's group testing then isolates the one
     n, bad = 64, 63
-    s = FallbackSearch(list(range(n)), [1.0] * n, lambda fp32: bad in fp32)
-    out = s.run()
-    assert out.fp32 == frozenset({bad}) and out.evals <= math.ceil(math.log2(n)) + 2
+    out = PrecisionSearch([1.0] * n, lambda fp32: bad in fp32).run()
+    assert bad in out.fp32 and out.evals <= math.ceil(math.log2(n)) + 2
 
 
 def test_options_validation_reports_all_problems():

@@ -7,7 +7,9 @@ from .api import attach, autocast, convert, detach, revert
 from .checkpoint import load
 from .dtypes import parse_dtype
 from .engine import Decision, disable_casts
-from .errors import ConfigError, MptError, PlanMismatchError, UserCodeError
+from .deploy import autocast_failures
+from .errors import ConfigError, DeployError, MptError, PlanMismatchError, UserCodeError
+from .inputs import ModelInputs
 from .plan import OpInstance, Plan
 from .policy import Policy, load_preset, preset_names, read_op_list
 
@@ -20,5 +22,6 @@ __all__ = [
     "autocast", "disable_casts", "convert", "revert", "attach", "detach", "load", "tune", "TuneOptions",
     "TuneResult", "inspect_model",
     "Plan", "OpInstance", "Policy", "Decision", "load_preset", "preset_names", "read_op_list", "parse_dtype",
-    "MptError", "ConfigError", "UserCodeError", "PlanMismatchError",
+    "MptError", "ConfigError", "UserCodeError", "PlanMismatchError", "DeployError", "ModelInputs",
+    "autocast_failures",
 ]

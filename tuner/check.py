@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, OutputError, PlanMismatchError, UserCodeError
+from .inputs import ModelInputs
 
 __all__ = ["CheckResult", "check_plan", "plan_location", "junit_xml", "write_junit"]
 
@@ -112,11 +113,12 @@ def _check_modules(model: Any, plan: Any) -> None:
                                 "(was the model changed? re-run mpt tune)")
 
 
-def _unused_instances(model: Any, plan: Any, inputs: tuple) -> list[str]:
+def _unused_instances(model: Any, plan: Any, inputs: ModelInputs) -> list[str]:
     """Plan instances the model no longer calls on example_inputs (a sign the plan is stale)."""
     import torch
 
     from .engine import PrecisionEngine
+    from .loader import call_forward
 
     seen: set[tuple[str, str, int]] = set()
 
@@ -124,7 +126,7 @@ def _unused_instances(model: Any, plan: Any, inputs: tuple) -> list[str]:
         seen.add((d.module, d.op, d.index))
 
     with torch.no_grad(), PrecisionEngine(plan.policy(), plan.torch_dtype, root=model, recorder=record):
-        model(*inputs)
+        call_forward(model, inputs, what="forward on example_inputs")
     return [i.label() for i in plan.fp32_instances if i.key() not in seen]
 
 
@@ -206,8 +208,7 @@ def check_plan(plan: str | Path, model: str | None = None, *, build: str | None 
     warnings: list[str] = []
     example = user.example_inputs() if user.inputs_fn is not None else None
     if example is not None:
-        example = tuple(a.to(device) if hasattr(a, "to") and hasattr(a, "dtype") else a for a in example)
-        unused = _unused_instances(tuned, loaded, example)
+        unused = _unused_instances(tuned, loaded, example.to(device))
         if unused:
             warnings.append(f"the model no longer calls {len(unused)} of the plan's FP32 op instance(s) on "
                             f"example_inputs ({', '.join(unused[:3])}{' ...' if len(unused) > 3 else ''}); "

@@ -8,8 +8,9 @@ included, stays as it was. Loading never unpickles anything.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from safetensors import SafetensorError
@@ -21,46 +22,106 @@ from .engine import Decision, PrecisionEngine
 from .errors import PlanMismatchError
 from .fileio import atomic_write
 from .fingerprint import sha256_file
+from .inputs import ModelInputs
 from .plan import Plan
+from .shares import ShareCounter, Shares
 
 CHECKPOINT_NAME = "model.safetensors"
 
 
-def lowered_parameters(model: nn.Module, plan: Plan, inputs: tuple) -> dict[str, torch.dtype]:
-    """Parameter name -> lower dtype, for parameters every using op casts to the lower dtype."""
-    by_id = {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
-    seen: dict[str, set[torch.dtype | None]] = {}
+@dataclass(frozen=True)
+class PlanPass:
+    """What one recorded forward under the plan tells: the parameters to store lowered, and the shares."""
+
+    lowered: dict[str, torch.dtype]
+    shares: Shares
+
+
+def plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> PlanPass:
+    """Run `inputs` once under the plan (mpt's engine, no grad), recording every op decision.
+
+    A parameter goes into `lowered` when every op call that uses it cast it to
+    the lower dtype; tied parameters (one tensor, several names) are lowered
+    under all their names or none. The same decisions give the report's
+    call/FLOP shares, so writing the outputs needs no second forward pass.
+    """
+    inputs = ModelInputs.of(inputs)
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    seen: dict[int, set[torch.dtype | None]] = {}
+    counter = ShareCounter()
     dtype = plan.torch_dtype
 
     def record(d: Decision, func: Any, args: tuple, kwargs: dict, out: Any, raw_args: tuple, raw_kwargs: dict) -> None:
+        counter.add(d, args, kwargs, out)
         pairs = list(zip(raw_args, args)) + [(raw_kwargs[k], kwargs.get(k)) for k in raw_kwargs]
         for raw, cast in pairs:
             items = zip(raw, cast) if isinstance(raw, (list, tuple)) and isinstance(cast, (list, tuple)) else [(raw, cast)]
             for r, c in items:
-                if isinstance(r, nn.Parameter) and id(r) in by_id:
-                    seen.setdefault(by_id[id(r)], set()).add(c.dtype if isinstance(c, Tensor) and c is not r else None)
+                if isinstance(r, nn.Parameter) and id(r) in names:
+                    seen.setdefault(id(r), set()).add(c.dtype if isinstance(c, Tensor) and c is not r else None)
 
     with torch.no_grad(), PrecisionEngine(plan.policy(), dtype, root=model, recorder=record,
                                           module_overrides=plan.module_overrides(),
                                           instance_overrides=plan.instance_overrides()):
-        model(*inputs)
-    return {name: dtype for name, dtypes in seen.items() if dtypes == {dtype}}
+        inputs.call(model)
+    lowered = {name: dtype for key, dtypes in seen.items() if dtypes == {dtype} for name in names[key]}
+    return PlanPass(lowered, counter.shares)
 
 
-def save_checkpoint(model: nn.Module, plan: Plan, inputs: tuple, path: str | Path) -> dict[str, Any]:
-    """Write the converted state dict; returns {"lowered": n, "bytes": size, "fp32_bytes": size in FP32}."""
-    lowered = lowered_parameters(model, plan, inputs)
+def lowered_parameters(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> dict[str, torch.dtype]:
+    """Parameter name -> lower dtype, for parameters every using op casts to the lower dtype."""
+    return plan_pass(model, plan, inputs).lowered
+
+
+def save_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, path: str | Path, *,
+                    lowered: Mapping[str, torch.dtype] | None = None) -> dict[str, Any]:
+    """Write the converted state dict; returns {"lowered": n, "bytes": size, "fp32_bytes": size in FP32}.
+
+    No copy of the model is made: FP32 tensors are written from the model's
+    own storage (only a non-contiguous tensor, a second name of a tied weight
+    or a tensor off the CPU is copied: safetensors writes from host memory),
+    and only lowered parameters get new, smaller tensors. `lowered` is `plan_pass(...).lowered` when the caller
+    already ran that pass; otherwise it runs here.
+    """
+    if lowered is None:
+        lowered = lowered_parameters(model, plan, inputs)
     tensors: dict[str, Tensor] = {}
     fp32_bytes = 0
+    spans: dict[tuple[str, int], list[tuple[int, int]]] = {}
     for name, t in model.state_dict().items():
         t = t.detach()
         fp32_bytes += t.numel() * (4 if t.is_floating_point() else t.element_size())
         if name in lowered:
             t = t.to(lowered[name])
-        tensors[name] = t.contiguous().clone().cpu()
+        tensors[name] = _unaliased(t.contiguous().cpu(), spans)
     meta = {"format": "pt", "mpt_plan_dtype": plan.dtype, "mpt_lowered": json.dumps(sorted(lowered))}
     atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
     return {"lowered": len(lowered), "bytes": Path(path).stat().st_size, "fp32_bytes": fp32_bytes}
+
+
+def _unaliased(t: Tensor, spans: dict[tuple[str, int], list[tuple[int, int]]]) -> Tensor:
+    """`t`, or a copy of it when its bytes overlap a tensor already kept (tied weights).
+
+    safetensors refuses tensors that share memory; a state dict with tied
+    weights (an embedding reused as the output layer) lists one tensor under
+    two names. Only the second name's tensor is copied; both names are
+    written, so the checkpoint still loads into a model by name.
+    """
+    if t.numel() == 0:
+        return t
+    key = (str(t.device), t.untyped_storage().data_ptr())
+    start = t.data_ptr()
+    end = start + t.numel() * t.element_size()
+    taken = spans.setdefault(key, [])
+    if any(start < e and s < end for s, e in taken):
+        t = t.clone()
+        key = (str(t.device), t.untyped_storage().data_ptr())
+        start, end = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+        taken = spans.setdefault(key, [])
+    taken.append((start, end))
+    return t
 
 
 def load(model: nn.Module, directory: str | Path, *, engine: str = "auto") -> nn.Module:

@@ -151,7 +151,17 @@ class CastCache:
 
 
 class PrecisionEngine(TorchFunctionMode):
-    """Applies a Policy (plus module and instance overrides) to every op call."""
+    """Applies a Policy (plus module and instance overrides) to every op call.
+
+    `recorder(decision, func, args, kwargs, out, raw_args, raw_kwargs)` is called after each intercepted
+    call (`args`/`kwargs` as the op ran, after casts; `raw_*` as they arrived). It normally returns None;
+    a returned value of the output's kind (a Tensor for a tensor output, else the same type as `out`)
+    replaces the call's output: the model gets it instead of `out` (the gradient ranking returns
+    `out + a·δ`, a being a zero leaf, to make an op's output a point of the autograd graph). Any other
+    return value (None, or what `list.append`/`dict.setdefault` give a one-line recorder) is ignored.
+    `instance_overrides` is copied at construction; `engine.instance_overrides` may be changed between
+    forward passes (rank_exact flips one entry per pass instead of building an engine per pass).
+    """
 
     def __init__(
         self,
@@ -161,7 +171,7 @@ class PrecisionEngine(TorchFunctionMode):
         root: nn.Module | None = None,
         module_overrides: Mapping[str, torch.dtype] | None = None,
         instance_overrides: Mapping[InstanceKey, torch.dtype] | None = None,
-        recorder: Callable[..., None] | None = None,
+        recorder: Callable[..., Any] | None = None,
         verbose: Callable[[Decision], None] | None = None,
         dry_run: bool = False,
         cache: CastCache | None = None,
@@ -322,7 +332,10 @@ class PrecisionEngine(TorchFunctionMode):
             if self.verbose is not None:
                 self.verbose(decision)
             if self.recorder is not None:
-                self.recorder(decision, func, args, kwargs, out, raw_args, raw_kwargs)
+                replaced = self.recorder(decision, func, args, kwargs, out, raw_args, raw_kwargs)
+                if replaced is not None and (isinstance(replaced, Tensor) if isinstance(out, Tensor)
+                                             else type(replaced) is type(out)):
+                    out = replaced  # the recorder's value is what the caller gets (see the class doc)
         return out
 
     def _not_castable(self, args: tuple, kwargs: dict) -> Rule:

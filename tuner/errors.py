@@ -51,6 +51,20 @@ class OutputError(MptError):
     """An output could not be written (disk full, permission): names the path and the cause."""
 
 
+class DeployError(MptError, RuntimeError):
+    """A plan the search approved cannot run on this machine once loaded (`tuner.load`'s torch.autocast path).
+
+    Raised by `tuner.deploy.autocast_failures` when a failure under
+    torch.autocast cannot be worked around by keeping submodules in FP32.
+    `modules` holds the submodules found (path -> reason) before it gave up.
+    A RuntimeError too, like the torch error it stands for.
+    """
+
+    def __init__(self, message: str, *, modules: dict[str, str] | None = None) -> None:
+        self.modules = dict(modules or {})
+        super().__init__(message)
+
+
 class OutputFolderBusy(ConfigError):
     """Another mpt run holds the output folder's lock."""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from torch import Tensor
@@ -103,6 +103,21 @@ class ModelInputs:
     def snapshot(self) -> "ModelInputs":
         """A detached copy that later in-place changes of the caller's tensors cannot reach."""
         return self.map(lambda t: t.detach().clone())
+
+    def named(self) -> list[tuple[str, Any]]:
+        """Every argument under the name `flat` gives it: ("args.0", a), ("kwargs.input_ids", v), in call order."""
+        return [(f"args.{i}", a) for i, a in enumerate(self.args)] + \
+            [(f"kwargs.{k}", v) for k, v in self.kwargs.items()]
+
+    def __iter__(self) -> Iterator[Any]:
+        """The positional args, for code written when inputs were a tuple (`model(*inputs)`).
+
+        Refused when there are keyword args, which unpacking would silently drop: use `.call(model)`.
+        """
+        if self.kwargs:
+            raise TypeError(f"these inputs have keyword arguments ({', '.join(self.kwargs)}); unpacking them as "
+                            "positional args would drop those: call the model with ModelInputs.call")
+        return iter(self.args)
 
     def flat(self) -> dict[str, Tensor] | None:
         """{"args.0": t, "kwargs.input_ids": t} when every argument is a tensor or None (what safetensors

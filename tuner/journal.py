@@ -23,10 +23,13 @@ import torch
 
 from .errors import ConfigError
 from .fileio import atomic_write
+from .inputs import ModelInputs
 
 JOURNAL_NAME = "journal.jsonl"
 INPUTS_NAME = "journal-inputs.safetensors"
 JOURNAL_FORMAT = 2
+# The inputs file's metadata, as JSON: every argument's name in call order, and the non-tensor ones' values.
+_NAMES_KEY, _VALUES_KEY = "names", "values"
 
 
 def versions() -> dict[str, str]:
@@ -140,25 +143,22 @@ class Journal:
         self._write_line(rec)
 
     # --- inputs recorded from the first forward call ------------------------------------------------------
-    def save_inputs(self, args: tuple) -> bool:
-        """Keep recorded positional args; False when they are not all tensors or JSON scalars."""
+    def save_inputs(self, inputs: ModelInputs | tuple) -> bool:
+        """Keep recorded inputs (positional and keyword); False when an argument is neither a tensor nor a
+        JSON scalar (None, bool, int, float, str), since safetensors holds tensors only."""
         from safetensors.torch import save_file
 
-        tensors: dict[str, torch.Tensor] = {}
-        spec: list[Any] = []
-        for n, a in enumerate(args):
-            if isinstance(a, torch.Tensor):
-                tensors[f"arg{n}"] = a.detach().contiguous().cpu()
-                spec.append({"tensor": f"arg{n}"})
-            elif a is None or isinstance(a, (bool, int, float, str)):
-                spec.append({"value": a})
-            else:
-                return False
-        meta = {"spec": json.dumps(spec)}
+        named = ModelInputs.of(inputs).named()
+        values = {n: v for n, v in named if not isinstance(v, torch.Tensor)}
+        if not all(v is None or isinstance(v, (bool, int, float, str)) for v in values.values()):
+            return False
+        tensors = {n: v.detach().contiguous().cpu() for n, v in named if isinstance(v, torch.Tensor)}
+        meta = {_NAMES_KEY: json.dumps([n for n, _ in named]), _VALUES_KEY: json.dumps(values)}
         atomic_write(self.path.with_name(INPUTS_NAME), lambda tmp: save_file(tensors, tmp, metadata=meta))
         return True
 
-    def load_inputs(self) -> tuple | None:
+    def load_inputs(self) -> ModelInputs | None:
+        """The inputs save_inputs kept; None when there are none or the file is unreadable (record again)."""
         from safetensors import safe_open
 
         path = self.path.with_name(INPUTS_NAME)
@@ -166,7 +166,9 @@ class Journal:
             return None
         try:
             with safe_open(str(path), framework="pt") as fh:
-                spec = json.loads((fh.metadata() or {})["spec"])
-                return tuple(fh.get_tensor(s["tensor"]) if "tensor" in s else s["value"] for s in spec)
+                meta = fh.metadata() or {}
+                names, values = json.loads(meta[_NAMES_KEY]), json.loads(meta[_VALUES_KEY])
+                found = {name: fh.get_tensor(name) for name in fh.keys()} | values
+            return ModelInputs.from_flat({name: found[name] for name in names})  # safetensors sorts its keys
         except Exception:  # noqa: BLE001 - unreadable: record the inputs again
             return None

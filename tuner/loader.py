@@ -19,11 +19,12 @@ import traceback
 import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
 from .errors import ConfigError, UserCodeError
+from .inputs import ModelInputs
 
 __all__ = ["UserModel", "load_user_model", "call_user", "call_forward", "DEFAULT_BUILD", "DEFAULT_EVAL",
            "DEFAULT_INPUTS"]
@@ -82,19 +83,24 @@ class UserModel:
                                 where=_definition_site(self.eval_fn))
         return metric
 
-    def example_inputs(self) -> tuple | None:
-        """Positional args for one forward call; a lone tensor or dict is wrapped as a 1-tuple."""
+    def example_inputs(self) -> ModelInputs | None:
+        """One forward call's arguments: a tuple is positional args, a dict with str keys keyword args
+        (HF style, `model(**inputs)`), a lone tensor the only argument."""
         if self.inputs_fn is None:
             return None
         name = _fn_name(self.inputs_fn, DEFAULT_INPUTS)
         value = call_user(self.inputs_fn, what=name)
-        if isinstance(value, tuple):
-            return value
-        if isinstance(value, (torch.Tensor, dict)):
-            return (value,)
+        if isinstance(value, (tuple, torch.Tensor, ModelInputs)):
+            return ModelInputs.of(value)
+        if isinstance(value, Mapping):
+            bad = [k for k in value if not isinstance(k, str)]
+            if not bad:
+                return ModelInputs.of(value)
+            raise UserCodeError(f"{name} returned a dict with key {bad[0]!r}; a dict's keys are the forward's "
+                                "keyword argument names (str)", where=_definition_site(self.inputs_fn))
         hint = " (use tuple(...) for positional args, or (x,) for one list argument)" if isinstance(value, list) else ""
         raise UserCodeError(f"{name} returned {_describe(value)}, expected a tuple of positional args, "
-                            f"a tensor or a dict{hint}", where=_definition_site(self.inputs_fn))
+                            f"a dict of keyword args or a tensor{hint}", where=_definition_site(self.inputs_fn))
 
 
 def load_user_model(spec: str, *, model: str | None = None, eval: str | None = None,  # noqa: A002
@@ -131,8 +137,10 @@ def call_user(fn: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -> A
     return _run_user(fn, args, kwargs, what=what, own=_source_file(fn))
 
 
-def call_forward(model: Any, inputs: tuple, *, what: str = "forward") -> Any:
-    """`model(*inputs)` with call_user's semantics: a failure is a UserCodeError at the user's line.
+def call_forward(model: Any, inputs: ModelInputs | tuple, *, what: str = "forward") -> Any:
+    """`model(*args, **kwargs)` with call_user's semantics: a failure is a UserCodeError at the user's line.
+
+    `inputs` is a ModelInputs or a tuple of positional args (ModelInputs.of).
 
     The user's files are those load_user_model imported plus the file that
     defines the model's forward, unless that is torch's own (nn.Sequential):
@@ -142,7 +150,8 @@ def call_forward(model: Any, inputs: tuple, *, what: str = "forward") -> Any:
     own = _source_file(forward) if forward is not None else None
     if own is not None and own.startswith(_TORCH_DIR):
         own = None
-    return _run_user(model, inputs, {}, what=what, own=own)
+    call = ModelInputs.of(inputs)
+    return _run_user(model, call.args, dict(call.kwargs), what=what, own=own)
 
 
 def _run_user(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], *, what: str, own: str | None) -> Any:

@@ -138,3 +138,52 @@ def known_op_names() -> frozenset[str]:
 
 def suggest(name: str, n: int = 3) -> list[str]:
     return difflib.get_close_matches(name, sorted(known_op_names()), n=n, cutoff=0.6)
+
+
+# Ops whose compute precision cannot change the numbers: given an input already rounded to the lower
+# dtype, computing them in that dtype gives exactly the FP32 result rounded to it (they only move, copy,
+# select, reorder or negate values, or compare them with a constant that rounds monotonically). Their
+# precision is never worth an FP32 fallback, so they are not tuning candidates, and the ranking passes a
+# producer's rounding through them to the op that consumes their output. Names are the ones the engine
+# reports (`Decision.op`, see canonical_name). tests/test_ranking.py checks the property for every name.
+NEUTRAL_OPS: frozenset[str] = frozenset(
+    """view view_as reshape reshape_as flatten unflatten ravel squeeze unsqueeze transpose swapaxes swapdims
+    permute movedim moveaxis t contiguous clone detach alias expand expand_as broadcast_to broadcast_tensors
+    as_strided narrow select getitem __getitem__ diagonal unfold split split_with_sizes tensor_split chunk
+    unbind hsplit vsplit dsplit cat concat concatenate stack hstack vstack dstack column_stack repeat
+    repeat_interleave tile flip fliplr flipud roll rot90 tril triu diag_embed index_select gather take
+    take_along_dim masked_select masked_fill where pixel_shuffle pixel_unshuffle channel_shuffle im2col
+    pad constant_pad_nd reflection_pad1d reflection_pad2d reflection_pad3d replication_pad1d
+    replication_pad2d replication_pad3d upsample_nearest1d upsample_nearest2d upsample_nearest3d
+    _upsample_nearest_exact1d _upsample_nearest_exact2d _upsample_nearest_exact3d embedding
+    relu relu6 hardtanh clamp clip clamp_min clamp_max neg negative positive abs sign sgn floor ceil trunc fix
+    max min amax amin maximum minimum fmax fmin sort msort topk kthvalue median nanmedian cummax cummin
+    max_pool1d max_pool2d max_pool3d max_pool1d_with_indices max_pool2d_with_indices max_pool3d_with_indices
+    adaptive_max_pool1d adaptive_max_pool2d adaptive_max_pool3d""".split()
+)
+
+# Identity when not training (`nn.Dropout` in eval calls F.dropout(x, p, False, inplace), which the engine
+# sees as torch.dropout(x, p, False); Dropout1d/2d/3d as feature_dropout).
+DROPOUT_OPS: frozenset[str] = frozenset(
+    {"dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout", "dropout1d", "dropout2d",
+     "dropout3d"})
+
+
+def is_neutral(op: str, args: tuple = (), kwargs: dict | None = None) -> bool:
+    """Whether this call's compute precision cannot change its result (see NEUTRAL_OPS): a shape, copy or
+    selection op, or a dropout that is not training. Such a call is no tuning candidate.
+
+    It says nothing about casts: an op in a lower list that receives an FP32 tensor still rounds it
+    (`Decision.casts > 0`), which is that call's own doing."""
+    if op in NEUTRAL_OPS:
+        return True
+    if op in DROPOUT_OPS:
+        kwargs = kwargs or {}
+        if "training" in kwargs:
+            training = kwargs["training"]
+        elif "train" in kwargs:
+            training = kwargs["train"]
+        else:
+            training = args[2] if len(args) > 2 else True  # F.dropout's default is training=True
+        return training is False or (isinstance(training, (int, float)) and not training)
+    return False

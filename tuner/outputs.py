@@ -16,42 +16,31 @@ import json
 import math
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import nn
 
-from .audit import inspect_model
-from .checkpoint import CHECKPOINT_NAME, save_checkpoint
+from .api import attach, detach
+from .checkpoint import CHECKPOINT_NAME, plan_pass, save_checkpoint
 from .errors import OutputError
 from .fileio import atomic_write_text
 from .fingerprint import sha256_file
+from .inputs import ModelInputs
 from .journal import INPUTS_NAME, JOURNAL_NAME
 from .plan import ModelRef, Plan
 from .policy import write_op_list
+from .shares import Shares
 from .tune import TuneResult, TuneStatus
 
 PLAN_NAME = "plan.yaml"
 # Written in this order; plan.yaml last.
 COMMITTED = ("lower_precision_ops.txt", "fp32_ops.txt", CHECKPOINT_NAME, "report.json", "search.html", PLAN_NAME)
 OUTPUT_FILES = COMMITTED + (JOURNAL_NAME, INPUTS_NAME)
-
-
-def measure_latency(fn: Callable[[], Any], *, min_time: float = 0.3, max_iters: int = 200) -> float:
-    """Median seconds per call (after one warm-up)."""
-    with torch.no_grad():
-        fn()
-        times: list[float] = []
-        start = time.perf_counter()
-        while len(times) < 3 or (time.perf_counter() - start < min_time and len(times) < max_iters):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    times.sort()
-    return times[len(times) // 2]
 
 
 def _op_type_lists(result: TuneResult) -> tuple[set[str], set[str]]:
@@ -124,12 +113,15 @@ def _writing(out: Path, name: str) -> Iterator[None]:
         raise OutputError(f"cannot write {out / name}: {exc.strerror or exc}") from None
 
 
-def write_outputs(result: TuneResult, out: str | Path, *, model: nn.Module, build: Callable[[], nn.Module],
-                  model_ref: ModelRef | None = None, device: str = "cpu") -> dict[str, Any]:
+def write_outputs(result: TuneResult, out: str | Path, *, model: nn.Module, model_ref: ModelRef | None = None,
+                  device: str = "cpu", latency: bool = True) -> dict[str, Any]:
     """Write the outputs as a set (see the module docstring); returns the report.
 
-    `model` is the FP32 model as built (its weights go into the checkpoint);
-    `build` makes one more copy to time the tuned model against it.
+    `model` is the FP32 model as built: its weights go into the checkpoint
+    (no copy of the model is made), one recorded forward under the plan gives
+    the lowered parameters and the low-precision shares, and the latency is
+    measured on this same model with the plan attached and detached in turn.
+    `latency=False` skips the timing (`latency_ms` is null in report.json).
     """
     out = Path(out)
     with _writing(out, PLAN_NAME):
@@ -137,7 +129,8 @@ def write_outputs(result: TuneResult, out: str | Path, *, model: nn.Module, buil
     with _writing(out, ".mpt-staging"):
         stage = Path(tempfile.mkdtemp(prefix=".mpt-staging-", dir=out))
     try:
-        report = _write_staged(result, stage, out, model=model, build=build, model_ref=model_ref, device=device)
+        report = _write_staged(result, stage, out, model=model, model_ref=model_ref, device=device,
+                               latency=latency)
         for name in COMMITTED:
             with _writing(out, name):
                 os.replace(stage / name, out / name)
@@ -146,10 +139,10 @@ def write_outputs(result: TuneResult, out: str | Path, *, model: nn.Module, buil
     return report
 
 
-def _write_staged(result: TuneResult, stage: Path, out: Path, *, model: nn.Module, build: Callable[[], nn.Module],
-                  model_ref: ModelRef | None, device: str) -> dict[str, Any]:
+def _write_staged(result: TuneResult, stage: Path, out: Path, *, model: nn.Module, model_ref: ModelRef | None,
+                  device: str, latency: bool) -> dict[str, Any]:
     t0 = time.monotonic()
-    inputs = result.inputs or ()
+    inputs = ModelInputs() if result.inputs is None else ModelInputs.of(result.inputs)
     lower, fp32 = _op_type_lists(result)
     n_inst = len(result.plan.fp32_instances)
     note = (f"{n_inst} op instance(s) fall back to FP32 individually; plan.yaml has them "
@@ -159,22 +152,18 @@ def _write_staged(result: TuneResult, stage: Path, out: Path, *, model: nn.Modul
                       header=f"mpt tune: ops that run in {result.plan.dtype} (preset {result.plan.preset})\n{note}".strip())
     with _writing(out, "fp32_ops.txt"):
         write_op_list(stage / "fp32_ops.txt", fp32, header=f"mpt tune: ops that run in FP32 (preset {result.plan.preset})")
+    planned = plan_pass(model, result.plan, inputs)
     with _writing(out, CHECKPOINT_NAME):
-        ckpt = save_checkpoint(model, result.plan, inputs, stage / CHECKPOINT_NAME)
+        ckpt = save_checkpoint(model, result.plan, inputs, stage / CHECKPOINT_NAME, lowered=planned.lowered)
         digest = sha256_file(stage / CHECKPOINT_NAME)
     plan = dataclasses.replace(result.plan, model=model_ref, checkpoint_sha256=digest)
     header = (f"status {result.status.value}" + (f", cut short: {result.stopped.value}" if result.stopped else "") +
               f"; baseline {result.baseline:.6g}, tuned {result.metric}, {result.evals} evaluations")
     with _writing(out, PLAN_NAME):
         plan.save(stage / PLAN_NAME, header=header)
-    summary = inspect_model(model, inputs, plan, local_errors=False).summary
-    latency = _latency(model, build, stage, inputs, device)
     warnings = list(result.warnings)
-    if latency["tuned"] > latency["fp32"] * 1.05 and result.status is TuneStatus.MET:  # not met: all FP32
-        warnings.append(f"the tuned model ran slower than FP32 on {device} ({latency['tuned']:.2f} ms vs "
-                        f"{latency['fp32']:.2f} ms per forward on example_inputs): {plan.dtype} does not pay off "
-                        "here (slow lower-precision kernels, or a model too small for casts to be worth it)")
-    report = _report(result, plan, summary, latency, ckpt, warnings, time.monotonic() - t0)
+    timing = _latency(model, result, inputs, device, warnings) if latency else None
+    report = _report(result, plan, planned.shares, timing, ckpt, warnings, time.monotonic() - t0)
     with _writing(out, "report.json"):
         atomic_write_text(stage / "report.json", json.dumps(report, indent=1, default=str) + "\n")
     with _writing(out, "search.html"):
@@ -182,18 +171,79 @@ def _write_staged(result: TuneResult, stage: Path, out: Path, *, model: nn.Modul
     return report
 
 
-def _latency(model: nn.Module, build: Callable[[], nn.Module], stage: Path, inputs: tuple,
-             device: str) -> dict[str, float]:
-    """Milliseconds per forward on the example inputs: the FP32 model vs the staged outputs loaded."""
-    from .checkpoint import load
+def _latency(model: nn.Module, result: TuneResult, inputs: ModelInputs, device: str,
+             warnings: list[str]) -> dict[str, Any] | None:
+    """compare_latency for the report, and the warnings it calls for (None when the tuned model raised)."""
+    try:
+        timing = compare_latency(model, result.plan, inputs, device=device)
+    except Exception as exc:  # noqa: BLE001 - the outputs are still worth writing; say why there is no timing
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        warnings.append(f"the tuned model raised when run the way tuner.load runs it, so it was not timed: "
+                        f"{type(exc).__name__}: {first}")
+        return None
+    noise = max(0.05, timing["fp32_spread"], timing["tuned_spread"])
+    if timing["tuned"] > timing["fp32"] * (1 + noise) and result.status is TuneStatus.MET:  # not met: all FP32
+        warnings.append(f"the tuned model ran slower than FP32 on {device} ({timing['tuned']:.2f} ms vs "
+                        f"{timing['fp32']:.2f} ms per forward on example_inputs): {result.plan.dtype} does not pay "
+                        "off here (slow lower-precision kernels, or a model too small for casts to be worth it)")
+    return timing
 
-    tuned = load(build().to(device).eval(), stage)
-    fp32_s = measure_latency(lambda: model(*inputs))
-    tuned_s = measure_latency(lambda: tuned(*inputs))
-    return {"fp32": fp32_s * 1e3, "tuned": tuned_s * 1e3, "speedup": fp32_s / tuned_s}
+
+def compare_latency(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, *, device: str = "cpu",
+                    min_time: float = 0.6, min_rounds: int = 3, max_rounds: int = 100) -> dict[str, Any]:
+    """Milliseconds per forward of `model` in FP32 and with `plan` attached (`tuner.attach`, as `tuner.load`).
+
+    One model, no copy: each round times one FP32 call and then one call with
+    the plan attached (detached again in a finally), so drifts in clock speed
+    or load hit both alike; one warm-up call of each comes first. Rounds go on
+    until `min_time` seconds have passed and at least `min_rounds` ran. Returns
+    the medians, the speedup (fp32 / tuned) and each side's spread, the
+    interquartile range over the median. The attached model casts its FP32
+    weights on every call, where the loaded checkpoint already stores them
+    lowered: `tuned` errs on the slow side (`tuned_weights: "cast per call"`).
+    """
+    inputs = ModelInputs.of(inputs)
+    plain = dataclasses.replace(plan, model=None)  # the same model: no structure check per round
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else None
+
+    def timed() -> float:
+        t0 = time.perf_counter()
+        inputs.call(model)
+        if sync is not None:
+            sync()
+        return time.perf_counter() - t0
+
+    def tuned() -> float:
+        attach(model, plain)
+        try:
+            return timed()
+        finally:
+            detach(model)
+
+    fp32_s: list[float] = []
+    tuned_s: list[float] = []
+    with torch.no_grad():
+        timed()  # warm-up of each
+        tuned()
+        start = time.perf_counter()
+        while len(fp32_s) < min_rounds or (time.perf_counter() - start < min_time and len(fp32_s) < max_rounds):
+            fp32_s.append(timed())
+            tuned_s.append(tuned())
+    fp32_ms, tuned_ms = statistics.median(fp32_s) * 1e3, statistics.median(tuned_s) * 1e3
+    return {"fp32": fp32_ms, "tuned": tuned_ms, "speedup": fp32_ms / tuned_ms if tuned_ms else None,
+            "fp32_spread": _spread(fp32_s), "tuned_spread": _spread(tuned_s), "rounds": len(fp32_s),
+            "order": "interleaved", "tuned_weights": "cast per call"}
 
 
-def _report(result: TuneResult, plan: Plan, summary: Any, latency: dict[str, float], ckpt: dict[str, Any],
+def _spread(samples: list[float]) -> float:
+    """(p75 - p25) / median: the timing noise, relative."""
+    if len(samples) < 2:
+        return 0.0
+    q1, median, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    return (q3 - q1) / median if median else 0.0
+
+
+def _report(result: TuneResult, plan: Plan, shares: Shares, latency: dict[str, Any] | None, ckpt: dict[str, Any],
             warnings: list[str], write_seconds: float) -> dict[str, Any]:
     return {
         "version": 1,
@@ -211,8 +261,8 @@ def _report(result: TuneResult, plan: Plan, summary: Any, latency: dict[str, flo
         "warnings": warnings,
         "candidates": len(result.candidates),
         "fp32_instances": [i.label() for i in plan.fp32_instances],
-        "low_precision_call_share": summary.lower_call_share,
-        "low_precision_flop_share": summary.lower_flop_share,
+        "low_precision_call_share": shares.call_share,
+        "low_precision_flop_share": shares.flop_share,
         "latency_ms": latency,
         "checkpoint": ckpt,
         "seconds": {"total": result.seconds + write_seconds, "evaluations": result.eval_seconds,

@@ -35,12 +35,14 @@ class TuneRun:
 def tune_into_folder(user: UserModel, options: TuneOptions, out: str | Path, *, resume: bool = False,
                      overwrite: bool = False, specs: Mapping[str, str | None] | None = None,
                      on_event: Callable[[TuneEvent], None] | None = None,
-                     started: float | None = None) -> TuneRun:
+                     started: float | None = None, latency: bool = True) -> TuneRun:
     """Tune `user`'s model and write the outputs into `out`, which no other run may use meanwhile.
 
     `specs` are the build/eval/inputs names the user gave (recorded in the
     plan so `mpt check` rebuilds the same model). `started` is when the time
-    budget starts (time.monotonic()); default now.
+    budget starts (time.monotonic()); default now. `latency=False` skips
+    timing the tuned model against FP32 (report.json's `latency_ms` is null):
+    it is not a setting of the search, so it is not in the journal's fingerprint.
     """
     started = time.monotonic() if started is None else started
     speed_warning = check_device(options.device, options.dtype)
@@ -65,6 +67,6 @@ def tune_into_folder(user: UserModel, options: TuneOptions, out: str | Path, *, 
         given = dict(specs or {})
         ref = model_ref_for(user, folder.path, build=given.get("build"), eval=given.get("eval"),
                             inputs=given.get("inputs"), model=keeper.model, weights=keeper.weights_digest)
-        report = write_outputs(result, folder.path, model=keeper.model, build=user.build, model_ref=ref,
-                               device=options.device)
+        report = write_outputs(result, folder.path, model=keeper.model, model_ref=ref, device=options.device,
+                               latency=latency)
         return TuneRun(result, folder.path, report)

@@ -23,18 +23,23 @@ from .audit import relative_error
 from .dtypes import LOWER_DTYPES, parse_dtype, short_name
 from .engine import Decision, PrecisionEngine
 from .errors import ConfigError, Interrupted, UserCodeError
-from .flops import op_flops
+from .flops import first_tensor, op_flops
+from .inputs import ModelInputs
+from .deploy import autocast_failures
 from .isolation import ModelKeeper
 from .journal import Journal
 from .loader import call_forward
+from .opnames import is_neutral
 from .noise import Acceptance, Baseline, measure_baseline
 from .plan import OpInstance, Plan
 from .policy import load_preset
 from .ranking import rank_exact, rank_gradient
-from .search import FallbackSearch, SearchStopped
+from .rules import Rule
+from .search import PrecisionSearch, Probe, SearchStopped
 from .tune import EventKind, RankMethod, StopReason, Trial, TuneEvent, TuneOptions, TuneResult, TuneStatus
 
 BASELINE_KEY = "baseline#{n}"
+_LOWER_NAMES = frozenset(short_name(d) for d in LOWER_DTYPES)
 
 
 def _trial_key(fp32: frozenset[OpInstance]) -> str:
@@ -48,16 +53,20 @@ def _to_float(value: Any) -> float:
 
 
 class _InputRecorder:
-    """Keeps the positional args of the model's first forward call (when there is no example_inputs)."""
+    """Keeps the args and kwargs of the model's first forward call (when there is no example_inputs)."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.args: tuple | None = None
-        self.handle = model.register_forward_pre_hook(self._hook)
+        self.inputs: ModelInputs | None = None
+        self.handle = model.register_forward_pre_hook(self._hook, with_kwargs=True)
 
-    def _hook(self, module: nn.Module, args: tuple) -> None:
-        if self.args is None:
-            self.args = tuple(a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args)
+    def _hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if self.inputs is None:
+            self.inputs = ModelInputs(tuple(args), dict(kwargs)).snapshot()
         self.handle.remove()
+
+
+# Rules under which an op runs in its inputs' precision: with FP32 inputs an FP32 override changes nothing.
+_FROM_INPUTS = frozenset({Rule.PASSTHROUGH, Rule.FIRST_INPUT, Rule.PROMOTE})
 
 
 class TuneSession:
@@ -84,11 +93,13 @@ class TuneSession:
         self.warnings: list[str] = []
         self.base: Baseline | None = None
         self.accept: Acceptance | None = None
-        self.inputs: tuple | None = None
+        self.inputs: ModelInputs | None = None
         self.candidates: list[OpInstance] = []
+        self.costs: dict[OpInstance, float] = {}
         self.scores: dict[OpInstance, float] = {}
+        self.fp32_modules: dict[str, str] = {}  # modules torch.autocast cannot run here -> why
         self.total_calls = 1
-        self._memo: dict[frozenset[int], bool] = {}
+        self._memo: dict[frozenset[int], Probe] = {}
         self._recorder: _InputRecorder | None = None
         self._search_best: frozenset[int] | None = None
 
@@ -128,8 +139,8 @@ class TuneSession:
         n = sum(t.baseline for t in self.trials) + 1
         trial = self._evaluate(BASELINE_KEY.format(n=n), f"FP32 baseline run {n}", frozenset(), baseline=True)
         rec = self._recorder
-        if rec is not None and rec.args is not None:
-            self.inputs, self._recorder = rec.args, None
+        if rec is not None and rec.inputs is not None:
+            self.inputs, self._recorder = rec.inputs, None
             if self.journal and not self.journal.save_inputs(self.inputs):
                 self.notes.append("the recorded inputs are not all tensors, so they are not kept for --resume")
         if trial.metric is None:  # pragma: no cover - _evaluate raises for a failed baseline
@@ -147,62 +158,79 @@ class TuneSession:
                                  "evaluate deterministic (fixed seeds, no dropout) or raise the tolerance")
 
     def find_candidates(self) -> None:
-        """Op instances that compute in the lower precision under the preset, from one recorded forward."""
+        """Op instances whose precision changes the numbers, from one recorded forward under the preset.
+
+        Not candidates: calls the policy cannot choose for (in-place, explicit dtype=), calls that run in
+        FP32 anyway, numerically neutral ops (views, copies, eval-mode dropout: `opnames.is_neutral`), and
+        calls inside modules that torch.autocast cannot run on this machine (they stay FP32, see
+        `deploy.autocast_failures`).
+        """
         inputs = self._example_inputs()
-        decisions: list[tuple[Decision, int]] = []
+        model = self.keeper.model
+        self.fp32_modules = autocast_failures(model, inputs, self._plan(frozenset()))
+        self.keeper.restore()
+        for path, why in self.fp32_modules.items():
+            self.notes.append(f"module {path or '(root)'} stays FP32: torch.autocast cannot run it in "
+                              f"{self.options.dtype} on this machine ({why})")
+        decisions: list[Decision] = []
 
         def record(d: Decision, func: Any, args: tuple, kwargs: dict, out: Any, *raw: Any) -> None:
-            decisions.append((d, op_flops(d.op, args, kwargs, out)))
+            if d.compute in _LOWER_NAMES and not d.forced and not is_neutral(d.op, args, kwargs):
+                y = first_tensor(out)
+                cand = OpInstance(d.module, d.op, d.index)
+                self.costs[cand] = float(op_flops(d.op, args, kwargs, out) + (y.numel() if y is not None else 0))
+            if d.compute != "-":
+                decisions.append(d)
 
-        model = self.keeper.model
         with torch.no_grad():
             self.ref_out = call_forward(model, inputs)
-            with PrecisionEngine(self.policy, self.dtype, root=model, recorder=record):
+            with PrecisionEngine(self.policy, self.dtype, root=model, recorder=record,
+                                 module_overrides={p: torch.float32 for p in self.fp32_modules}):
                 low_out = call_forward(model, inputs)
-        lower_names = {short_name(d) for d in LOWER_DTYPES}
-        float_calls = [d for d, _ in decisions if d.compute != "-"]
-        self.candidates = [OpInstance(d.module, d.op, d.index) for d in float_calls
-                           if d.compute in lower_names and not d.forced]
-        self.total_calls = max(1, len(float_calls))
+        self.candidates = list(self.costs)
+        self.total_calls = max(1, len(decisions))
         self.emit(TuneEvent(EventKind.CANDIDATES,
                             f"{len(self.candidates)} op instances run in {self.options.dtype} under "
-                            f"{self.options.preset}; all-{self.options.dtype} output error "
+                            f"{self.options.preset} and change the numbers; all-{self.options.dtype} output error "
                             f"{relative_error(low_out, self.ref_out) or 0:.2e}", total=len(self.candidates)))
 
-    def _example_inputs(self) -> tuple:
+    def _example_inputs(self) -> ModelInputs:
         source = self.inputs_source
-        if isinstance(source, tuple):
-            inputs = source
-        elif callable(source):
+        if callable(source):
             t0 = time.monotonic()
             inputs = source()
             self.user_seconds += time.monotonic() - t0
+        elif source is not None:
+            inputs = source
         elif self.inputs is not None:
             inputs = self.inputs
         else:
             raise ConfigError("there is no example_inputs() and evaluate never called the model; "
                               "cannot find the op instances to tune")
-        self.inputs = tuple(a.to(self.keeper.device) if isinstance(a, torch.Tensor) else a for a in inputs)
+        self.inputs = ModelInputs.of(inputs).to(self.keeper.device)
         return self.inputs
 
     def search(self) -> None:
-        """The all-low trial; when it fails, rank the candidates and let FallbackSearch pick the FP32 ones."""
-        if self._trial(frozenset()):
+        """The all-low trial; when it fails, rank the candidates and let PrecisionSearch pick the FP32 ones."""
+        first = self._trial(frozenset())
+        if first.passed:
             self._search_best = frozenset()
             self.notes.append("everything eligible passes in the lower precision")
             return
         if not self.candidates:
             return
-        ranked = self.rank()
-        outcome = FallbackSearch(ranked, [self.scores[self.candidates[i]] for i in ranked], self._trial,
-                                 thorough=self.options.thorough, all_low_failed=True).run()
+        self.rank()
+        search = PrecisionSearch([self.scores[c] for c in self.candidates], self._trial,
+                                 costs=[self.costs[c] for c in self.candidates], thorough=self.options.thorough,
+                                 all_low_failed=True, all_low_drop=first.drop)
+        outcome = search.run()
         self._search_best = outcome.fp32
         self.notes.extend(outcome.notes)
         if outcome.stopped is not None:
             self.stopped = outcome.stopped  # type: ignore[assignment]
 
-    def rank(self) -> list[int]:
-        """Candidate indices, most damaging first, from cheap forward passes on the example inputs."""
+    def rank(self) -> None:
+        """Score every candidate by the error it adds to the output, from cheap passes on the example inputs."""
         method = RankMethod(self.options.rank)
 
         def progress(done: int, total: int) -> None:
@@ -213,10 +241,9 @@ class TuneSession:
         self.scores.update(scorer(self.keeper.model, self.inputs, self.policy, self.dtype, self.candidates,
                                   self.ref_out, progress))
         self.keeper.restore()
-        return sorted(range(len(self.candidates)), key=lambda i: (-self.scores[self.candidates[i]], i))
 
     # --- evaluations -----------------------------------------------------------------------------------------
-    def _trial(self, fp32_idx: frozenset[int]) -> bool:
+    def _trial(self, fp32_idx: frozenset[int]) -> Probe:
         """One search trial: the candidates in `fp32_idx` stay FP32, the rest run low."""
         if fp32_idx in self._memo:  # asked again by the search: already counted and reported
             return self._memo[fp32_idx]
@@ -225,8 +252,23 @@ class TuneSession:
             trial = self._evaluate(_trial_key(fp32), self._label(fp32_idx), fp32)
         except (KeyboardInterrupt, Interrupted):
             raise SearchStopped(StopReason.INTERRUPTED) from None
-        self._memo[fp32_idx] = trial.passed
-        return trial.passed
+        probe = Probe(trial.passed, self._drop(trial.metric))
+        self._memo[fp32_idx] = probe
+        return probe
+
+    def _drop(self, metric: float | None) -> float:
+        """How far `metric` fell from the baseline, as a share of the drop the target allows (1.0: at it)."""
+        assert self.base is not None and self.accept is not None
+        allowed = abs(self.base.value - self.accept.target)
+        if metric is None or not math.isfinite(metric) or allowed == 0:
+            return math.inf
+        fell = metric - self.base.value if self.options.lower_is_better else self.base.value - metric
+        return fell / allowed
+
+    def _plan(self, fp32: frozenset[OpInstance], **extra: Any) -> Plan:
+        return Plan(dtype=self.options.dtype, preset=self.options.preset,  # type: ignore[arg-type]
+                    modules=tuple(sorted((p, "fp32") for p in self.fp32_modules)),
+                    fp32_instances=tuple(sorted(fp32)), **extra)
 
     def _label(self, fp32_idx: frozenset[int]) -> str:
         if not fp32_idx:
@@ -267,8 +309,7 @@ class TuneSession:
     def _run_evaluate(self, fp32: frozenset[OpInstance], baseline: bool) -> tuple[float | None, str | None, float]:
         model = self.keeper.model
         if not baseline:
-            attach(model, Plan(dtype=self.options.dtype, preset=self.options.preset,  # type: ignore[arg-type]
-                               fp32_instances=tuple(sorted(fp32))), engine="python")
+            attach(model, self._plan(fp32))  # the path tuner.load runs: what the search approves, deploys
         t0 = time.monotonic()
         metric: float | None = None
         error: str | None = None
@@ -314,6 +355,28 @@ class TuneSession:
                 return found[-1]
         return min(passing, key=lambda t: len(t.fp32)) if passing else None
 
+    def _no_op_overrides(self, fp32: tuple[OpInstance, ...]) -> set[OpInstance]:
+        """FP32 overrides that change nothing under the plan: ops that run in their inputs' precision and,
+        with their producers in FP32, get only FP32 inputs. One recorded forward, no evaluation."""
+        if not fp32 or self.inputs is None:
+            return set()
+        wanted = set(fp32)
+        idle: set[OpInstance] = set()
+
+        def record(d: Decision, *rest: Any) -> None:
+            inst = OpInstance(d.module, d.op, d.index)
+            if inst in wanted and self.policy.lookup(d.op)[0] in _FROM_INPUTS and d.in_dtypes \
+                    and all(t == "fp32" for t in d.in_dtypes):
+                idle.add(inst)
+
+        plan = self._plan(frozenset(fp32))
+        with torch.no_grad(), PrecisionEngine(self.policy, self.dtype, root=self.keeper.model, recorder=record,
+                                              module_overrides=plan.module_overrides(),
+                                              instance_overrides=plan.instance_overrides()):
+            call_forward(self.keeper.model, self.inputs)
+        self.keeper.restore()
+        return idle
+
     def result(self) -> TuneResult:
         assert self.base is not None and self.accept is not None
         best = self._best_trial()
@@ -321,15 +384,20 @@ class TuneSession:
             by_label = {c.label(): c for c in self.candidates}
             fp32_final = tuple(sorted(by_label[label] for label in best.fp32))
             status, metric = TuneStatus.MET, best.metric
+            idle = self._no_op_overrides(fp32_final) if self.stopped is not StopReason.INTERRUPTED else set()
+            if idle:
+                fp32_final = tuple(i for i in fp32_final if i not in idle)
+                self.notes.append(f"{len(idle)} FP32 override(s) dropped: their inputs are FP32 under the plan, "
+                                  "so they ran in FP32 anyway")
         else:
             fp32_final, status, metric = tuple(sorted(self.candidates)), TuneStatus.NOT_MET, None
         opts = self.options
-        plan = Plan(dtype=opts.dtype, preset=opts.preset, fp32_instances=fp32_final,  # type: ignore[arg-type]
-                    metrics={"baseline": self.base.value, "tuned": metric, "target": self.accept.target,
-                             "tolerance": opts.tolerance, "absolute": opts.absolute,
-                             "lower_is_better": opts.lower_is_better, "noise": self.base.spread,
-                             "evaluations": self.evals, "candidates": len(self.candidates),
-                             "status": status.value, "stopped": self.stopped.value if self.stopped else None})
+        plan = self._plan(frozenset(fp32_final),
+                          metrics={"baseline": self.base.value, "tuned": metric, "target": self.accept.target,
+                                   "tolerance": opts.tolerance, "absolute": opts.absolute,
+                                   "lower_is_better": opts.lower_is_better, "noise": self.base.spread,
+                                   "evaluations": self.evals, "candidates": len(self.candidates),
+                                   "status": status.value, "stopped": self.stopped.value if self.stopped else None})
         notes = list(self.notes)
         if self.stopped is not None:
             notes.append(f"search cut short: {self.stopped.describe(opts)}; the best plan confirmed so far was kept")

@@ -1,7 +1,7 @@
 """`tuner.tune`: what a tune is asked (TuneOptions) and what it answers (TuneResult, Trial, events).
 
 The work itself is `tuner.session.TuneSession`: FP32 baseline (with its
-noise) -> candidates -> all-low trial -> ranking -> FallbackSearch -> a Plan
+noise) -> candidates -> all-low trial -> ranking -> PrecisionSearch -> a Plan
 confirmed by a full evaluation.
 """
 from __future__ import annotations
@@ -154,14 +154,14 @@ class TuneResult:
     seconds: float = 0.0
     eval_seconds: float = 0.0
     user_seconds: float = 0.0  # the user's build() and example_inputs(), besides evaluate
-    inputs: tuple | None = None
+    inputs: Any = None  # tuner.inputs.ModelInputs of the example forward call
     warnings: list[str] = field(default_factory=list)
     noise: float = 0.0  # the baseline's spread (0: a deterministic evaluate)
     rebuilds: int = 0  # how often evaluate changed the model and it was built again
 
 
 def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Module], Any],
-         example_inputs: Callable[[], tuple] | tuple | None = None, options: TuneOptions | None = None, *,
+         example_inputs: Callable[[], Any] | Any = None, options: TuneOptions | None = None, *,
          journal: Journal | None = None, on_event: Callable[[TuneEvent], None] | None = None,
          started: float | None = None) -> TuneResult:
     """Find the op instances that must stay FP32 for `evaluate(model)` to stay within tolerance.

@@ -3,8 +3,11 @@ the gradient ranking needs.
 
     .venv/bin/python benchmarks/rank_scaling.py [--sizes 25,50,100,200] [--memory] [--ranking FILE]
 
-Table 1 (time). Model: a stack of N linear layers (64 -> 64, a ReLU between them, which is numerically
-neutral and no candidate), batch 32; the candidates are the N linears. Columns: seconds for rank_exact over
+Both tables run on --threads torch threads (default 1: with 2 or more, a busy machine stretches every
+small op, since OpenMP waits for a descheduled worker, and timings stop meaning anything).
+
+Table 1 (time). Model: a stack of N linear layers (64 -> 64, orthogonal weights, no bias), batch 32; the
+candidates are the N linears. Columns: seconds for rank_exact over
 all N candidates, that divided by N (seconds per candidate-forward), one forward of the same model under
 the engine with all N instance overrides (what each exact pass runs), one plain FP32 forward, and seconds
 for rank_gradient. Each is the best of --repeats runs after a warm-up. rank_exact runs N forwards of a
@@ -15,9 +18,12 @@ with N), i.e. that "exact s / N" divided by "engine fwd s" stays flat.
 Table 2 (--memory, memory). Model: transformers.BertModel(BertConfig(hidden_size=256,
 num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024)), input_ids of shape (16, 128).
 Each row is a fresh subprocess that builds the model, runs one FP32 forward (the reference output),
-then resets the peak RSS (`/proc/self/clear_refs` 5, Linux; else the peak so far stays) and measures
-the increase of `resource.getrusage(RUSAGE_SELF).ru_maxrss` over one action: an FP32 forward under
-no_grad (what an evaluate costs), rank_gradient over all candidates, rank_exact over the first 40.
+returns freed memory to the OS (glibc malloc_trim), resets the peak RSS (`/proc/self/clear_refs` 5,
+Linux; else the peak so far stays) and measures the increase of
+`resource.getrusage(RUSAGE_SELF).ru_maxrss` over one action: an FP32 forward under no_grad (what an
+evaluate costs), rank_gradient over all candidates, rank_exact over the first 40. glibc keeps freed
+blocks of a few MiB for reuse, so the RSS peak is above the bytes live at any time; run with
+MALLOC_MMAP_THRESHOLD_=131072 to see (about) the live bytes instead.
 
 --ranking FILE loads rank_gradient/rank_exact from another copy of tuner/ranking.py (one that imports
 `tuner.*` absolutely), to compare versions.
@@ -66,16 +72,15 @@ class Stack(nn.Module):
     def __init__(self, n: int) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.layers = nn.ModuleList(nn.Linear(DIM, DIM) for _ in range(n))
+        self.layers = nn.ModuleList(nn.Linear(DIM, DIM, bias=False) for _ in range(n))
         with torch.no_grad():
-            for lin in self.layers:  # orthogonal-ish: the signal neither dies nor explodes over 200 layers
+            for lin in self.layers:  # orthogonal: the signal neither dies nor explodes (no denormals) at any N
                 q, _ = torch.linalg.qr(torch.randn(DIM, DIM))
-                lin.weight.copy_(q * 1.4)
-                lin.bias.zero_()
+                lin.weight.copy_(q)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for lin in self.layers:
-            x = torch.relu(lin(x))
+            x = lin(x)
         return x
 
 
@@ -101,7 +106,8 @@ def best_of(fn: Any, repeats: int) -> float:
     return min(times)
 
 
-def time_table(sizes: list[int], repeats: int, ranking: Any) -> None:
+def time_table(sizes: list[int], repeats: int, ranking: Any, threads: int) -> None:
+    torch.set_num_threads(threads)
     policy, dtype = load_preset("torch-cpu"), torch.bfloat16
     rows = []
     for n in sizes:
@@ -149,6 +155,17 @@ def _peak_kib() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
+def _trim() -> None:
+    """Give the memory freed so far back to the OS (glibc), so that the set-up's freed buffers are not reused
+    by the measured action and hide part of its cost."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _reset_peak() -> bool:
     try:
         with open("/proc/self/clear_refs", "w") as f:
@@ -175,6 +192,7 @@ def memory_child(action: str, ranking_path: str | None, threads: int) -> None:
         ref = inputs.call(model)
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     gc.collect()
+    _trim()
     reset = _reset_peak()
     before = _peak_kib()
     t0 = time.perf_counter()
@@ -224,7 +242,7 @@ def main() -> None:
     ap.add_argument("--memory", action="store_true", help="also run the memory table (BertModel, subprocesses)")
     ap.add_argument("--memory-only", action="store_true")
     ap.add_argument("--ranking", default=None, help="a copy of tuner/ranking.py to measure instead")
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -234,7 +252,7 @@ def main() -> None:
     print(f"CPU capability: {torch.backends.cpu.get_cpu_capability()}"
           + (f"; ranking from {args.ranking}" if args.ranking else ""))
     if not args.memory_only:
-        time_table([int(s) for s in args.sizes.split(",")], args.repeats, load_ranking(args.ranking))
+        time_table([int(s) for s in args.sizes.split(",")], args.repeats, load_ranking(args.ranking), args.threads)
     if args.memory or args.memory_only:
         memory_table(args.ranking, args.threads)
 

@@ -10,6 +10,7 @@ MATMUL_OPS = frozenset({"linear", "matmul", "__matmul__", "__rmatmul__", "mm", "
                         "addmm", "baddbmm", "addbmm", "addmv", "einsum", "scaled_dot_product_attention",
                         "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
                         "conv_transpose3d", "conv_tbc", "bilinear"})
+RNN_OPS = frozenset({"lstm", "gru", "rnn_tanh", "rnn_relu", "mkldnn_rnn_layer"})
 
 
 def first_tensor(x: Any) -> Tensor | None:
@@ -25,7 +26,9 @@ def first_tensor(x: Any) -> Tensor | None:
 
 
 def op_flops(op: str, args: tuple, kwargs: dict, out: Any) -> int:
-    """FLOPs of one call of a matmul/conv-like op; 0 for other ops (they are memory-bound)."""
+    """FLOPs of one call of a matmul/conv-like op or a recurrent layer; 0 for other ops (memory-bound)."""
+    if op in RNN_OPS:
+        return _rnn_flops(args)
     if op not in MATMUL_OPS:
         return 0
     o = first_tensor(out)
@@ -57,3 +60,14 @@ def op_flops(op: str, args: tuple, kwargs: dict, out: Any) -> int:
     except (IndexError, RuntimeError):
         return 0
     return 0
+
+
+def _rnn_flops(args: tuple) -> int:
+    """torch.lstm/gru(input, hx, params, ...): every step multiplies each weight matrix once per token."""
+    x = args[0] if args and isinstance(args[0], Tensor) else None
+    params = next((a for a in args[1:] if isinstance(a, (list, tuple)) and a and
+                   all(isinstance(p, Tensor) for p in a) and any(p.dim() == 2 for p in a)), None)
+    if x is None or params is None or x.dim() < 2:
+        return 0
+    tokens = x.numel() // int(x.shape[-1])
+    return 2 * tokens * sum(p.numel() for p in params if p.dim() == 2)

@@ -148,7 +148,7 @@ def suggest(name: str, n: int = 3) -> list[str]:
 # reports (`Decision.op`, see canonical_name). tests/test_ranking.py checks the property for every name.
 NEUTRAL_OPS: frozenset[str] = frozenset(
     """view view_as reshape reshape_as flatten unflatten ravel squeeze unsqueeze transpose swapaxes swapdims
-    permute movedim moveaxis t contiguous clone detach alias expand expand_as broadcast_to broadcast_tensors
+    permute movedim moveaxis t contiguous clone detach expand expand_as broadcast_to broadcast_tensors
     as_strided narrow select getitem __getitem__ diagonal unfold split split_with_sizes tensor_split chunk
     unbind hsplit vsplit dsplit cat concat concatenate stack hstack vstack dstack column_stack repeat
     repeat_interleave tile flip fliplr flipud roll rot90 tril triu diag_embed index_select gather take

@@ -42,7 +42,12 @@ is unchanged and ∂(vᵀout)/∂a = vᵀJδ directly. The only tensor that node
 is δ, and the candidates are processed in groups whose δ bytes stay under a
 budget (default: max(64 MiB, the model's parameter bytes)); each group is one
 shadowed forward plus `probes` backward passes, and only its candidates
-compute a lower-precision shadow.
+compute a lower-precision shadow. Every group uses the same random probes, so
+grouping does not change a score. What the budget does not bound is what the
+backward pass itself needs: the activations saved by the ops downstream of the
+group's first candidate (gelu's input, layer_norm's input, attention's q/k/v),
+about what a training step keeps minus the inputs of weight gradients
+(`benchmarks/rank_scaling.py --memory` measures both).
 """
 from __future__ import annotations
 
@@ -268,10 +273,11 @@ class _Shadow:
     def _anchor(self, cand: OpInstance, d: Decision, func: Any, args: tuple, kwargs: dict, out: Any,
                 y: Tensor) -> Any:
         with torch.no_grad():
-            delta = self._delta(d, func, args, kwargs, y)
-        if delta is None:
+            found = self._delta(d, func, args, kwargs, y)
+        if found is None:
             return None
-        if not bool(torch.isfinite(delta).all()):
+        delta, finite = found
+        if not finite:
             self.bad.add(cand)
             return None
         anchor = torch.zeros((), dtype=y.dtype, device=y.device, requires_grad=True)
@@ -280,8 +286,9 @@ class _Shadow:
             self.anchors[cand] = anchor
         return replaced
 
-    def _delta(self, d: Decision, func: Any, args: tuple, kwargs: dict, y: Tensor) -> Tensor | None:
-        """The error candidate `d` adds by itself in the lower precision (see the module doc)."""
+    def _delta(self, d: Decision, func: Any, args: tuple, kwargs: dict, y: Tensor) -> tuple[Tensor, bool] | None:
+        """The error candidate `d` adds by itself in the lower precision (see the module doc), and whether it
+        is finite; None when the op's lower-precision result does not pair up with its output."""
         low, marks, elig = self.dtype, self.marks, self._eligible
         kwargs = {k: v for k, v in kwargs.items() if k != "out"}
         ins = [t for t in _arg_tensors(args, kwargs) if elig(t)]
@@ -320,12 +327,13 @@ class _Shadow:
             return None
         delta = low_out.detach().to(_F32, copy=True)
         delta.sub_(ref.detach())
-        if not bool(torch.isfinite(delta).all()):
-            # Positions already inf/NaN in the reference (a producer's overflow) are not this op's doing.
-            low32, ref32 = low_out.detach().to(_F32), ref.detach().to(_F32)
-            same = (low32 == ref32) | (torch.isnan(low32) & torch.isnan(ref32))
-            delta.masked_fill_(same, 0.0)
-        return delta
+        if bool(torch.isfinite(delta).all()):
+            return delta, True
+        # Positions already inf/NaN in the reference (a producer's overflow) are not this op's doing.
+        low32, ref32 = low_out.detach().to(_F32), ref.detach().to(_F32)
+        same = (low32 == ref32) | (torch.isnan(low32) & torch.isnan(ref32))
+        delta.masked_fill_(same, 0.0)
+        return delta, bool(torch.isfinite(delta).all())
 
 
 def _partition(order: list[OpInstance], sizes: dict[OpInstance, int], budget: int) -> list[list[OpInstance]]:

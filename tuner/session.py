@@ -175,7 +175,8 @@ class TuneSession:
         decisions: list[Decision] = []
 
         def record(d: Decision, func: Any, args: tuple, kwargs: dict, out: Any, *raw: Any) -> None:
-            if d.compute in _LOWER_NAMES and not d.forced and not is_neutral(d.op, args, kwargs):
+            # a neutral op that casts (a lower-list op rounding an FP32 input) does change the numbers
+            if d.compute in _LOWER_NAMES and not d.forced and (d.casts > 0 or not is_neutral(d.op, args, kwargs)):
                 y = first_tensor(out)
                 cand = OpInstance(d.module, d.op, d.index)
                 self.costs[cand] = float(op_flops(d.op, args, kwargs, out) + (y.numel() if y is not None else 0))

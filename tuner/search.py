@@ -21,6 +21,8 @@ probes so far (the all-low trial is the first point). The guess is clamped so
 that the bracket always shrinks at least as fast as bisection would with the
 probes left, so the cut costs at most ceil(log2 N) + 1 probes, usually fewer,
 and it stops early once the undecided instances hold under 1% of the cost.
+Probes left within that bound then try lowering back, one at a time, the
+prefix's heaviest instances per unit of error (`_lower_heavy`).
 `thorough=True` then proves every instance of the prefix necessary by group
 testing (Hwang's generalized binary splitting), at more evaluations.
 """
@@ -36,6 +38,7 @@ AIM = 0.7  # extrapolating: place a probe where the predicted drop is this share
 THRESHOLD = 0.98  # interpolating between a failing and a passing probe: aim just inside the target
 DEFAULT_P = 1.5  # drop ~ error^p: ~1 for agreement/accuracy metrics, ~2 for cosine and KL; until measured
 STOP_COST_SHARE = 0.01  # stop refining the cut once the undecided instances cost less than this share
+HEAVY_COST_SHARE = 0.001  # an FP32 instance worth trying to lower back: at least this share of the cost
 
 
 class SearchStopped(Exception):
@@ -221,7 +224,22 @@ class PrecisionSearch:
             self._probe_prefix(hi)  # every probe failed: the whole prefix, to confirm it
         if self.thorough and hi > 1:
             self._prove_necessary(self.order[:hi])
+        elif not trusted and self.tested.get(hi):
+            self._lower_heavy(self.order[:hi])
         return trusted
+
+    def _lower_heavy(self, fp32: list[int]) -> None:
+        """With probes left within the bound: try lowering, one at a time, the FP32 instances that cost most
+        per unit of error they remove (a heavy op the cut swept in with the ones that matter)."""
+        total = sum(self.costs) or 1.0
+        keep = set(fp32)
+        heavy = sorted((i for i in fp32 if self.costs[i] > HEAVY_COST_SHARE * total),
+                       key=lambda i: -self.costs[i] / max(_finite(self.scores[i]) ** 2, 1e-30))
+        for item in heavy:
+            if self.count - (0 if self.all_low_failed else 1) >= self.budget:
+                break
+            if self.test(frozenset(keep - {item})).passed:
+                keep.discard(item)
 
     def _gap_probes(self, n: int) -> tuple[int, int, bool]:
         """With a clear gap g: probe g, then g-1. Returns the bracket (lo fails, hi passes) and whether the

@@ -6,7 +6,9 @@
 bounds (evaluations, time from the start of the command), reads and writes
 the journal, counts, reports the trial and hands the model back as built
 (`isolation.ModelKeeper`). A bound or an interrupt (Ctrl-C, SIGTERM) ends the
-search and the result keeps the best plan confirmed so far.
+search and the result keeps the best plan confirmed so far. Every trial runs
+the model with its plan attached as `tuner.load` attaches it, so the plan the
+search approves is the one that is deployed.
 """
 from __future__ import annotations
 

@@ -106,6 +106,7 @@ def _import_model_file(path: Path):
         sys.path.insert(0, folder)
     spec = importlib.util.spec_from_file_location(f"mpt_zoo_{path.stem}", path)
     mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[spec.name] = mod  # type: ignore[union-attr]  # torch.compile looks up the module it traces
     spec.loader.exec_module(mod)  # type: ignore[union-attr]
     return mod
 

@@ -68,10 +68,53 @@ def check_command_options(ctx: click.Context) -> None:
         check_options(values, schema([ctx.command]), given=given)
 
 
+def join_ranks(ctx: click.Context, device: str) -> Any:
+    """The torchrun ranks this command runs on (tuner.distributed.Ranks; one process without torchrun).
+
+    Kept in the context so a failure on this rank stops them all (`guarded`), and watched so a failure on
+    another rank ends this one with the same exit code, reported once by rank 0.
+    """
+    from tuner.distributed import Ranks
+
+    ranks = Ranks.from_env(device)
+    ctx.ensure_object(dict)["ranks"] = ranks
+    ranks.watch(_report_abort, lost_code=exitcodes.USER_CODE)
+    return ranks
+
+
+def _report_abort(abort: Any) -> None:
+    """Rank 0's one report of the failure that stopped every rank (tuner.distributed.Abort)."""
+    err(f"rank {abort.rank}: {abort.message} (all ranks stopped)")
+    for note in abort.notes:
+        print(note, file=sys.stderr)
+
+
+def _fail(ctx: click.Context, code: int, text: str, notes: tuple[str, ...] = (),
+          trace: Callable[[], None] | None = None) -> None:
+    """End the command with `code` after one error line, `trace` (--debug) and `notes`.
+
+    Under torchrun every rank ends with it and rank 0 reports it; the traceback stays on the failing rank.
+    """
+    ranks = (ctx.obj or {}).get("ranks")
+    if ranks is not None and ranks.distributed:
+        if trace is not None:
+            trace()
+        ranks.abort(code, text, notes, report=_report_abort)
+    from tuner.distributed import is_follower_by_env
+
+    if not is_follower_by_env():  # the same error on every torchrun rank: rank 0 says it
+        err(text)
+        if trace is not None:
+            trace()
+        for note in notes:
+            print(note, file=sys.stderr)
+    ctx.exit(code)
+
+
 def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Run a command body after the library checked its options; map errors to (one-line message, exit code).
 
-    --debug shows the traceback.
+    --debug shows the traceback (on the rank that failed, under torchrun).
     """
 
     @functools.wraps(fn)
@@ -87,27 +130,27 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
             check_command_options(ctx)
             return fn(*args, **kwargs)
         except (KeyboardInterrupt, Interrupted):
-            err("interrupted; finished work was kept (rerun with --resume to continue a tune)")
-            ctx.exit(exitcodes.INTERRUPTED)
+            _fail(ctx, exitcodes.INTERRUPTED, "interrupted; finished work was kept (rerun with --resume to continue "
+                  "a tune)")
         except MptError as exc:
-            err(message(exc, ctx.command))
             original = exc.original if isinstance(exc, UserCodeError) else None
+            notes: tuple[str, ...] = ()
+            trace = None
             if debug and original is not None:
-                traceback.print_exception(original, file=sys.stderr)
+                trace = functools.partial(traceback.print_exception, original, file=sys.stderr)
             elif original is not None:
-                print("mpt: (run with --debug for the full traceback)", file=sys.stderr)
+                notes = ("mpt: (run with --debug for the full traceback)",)
             elif debug:
-                traceback.print_exc()
-            ctx.exit(exit_code(exc))
+                trace = functools.partial(traceback.print_exception, exc, file=sys.stderr)
+            _fail(ctx, exit_code(exc), message(exc, ctx.command), notes, trace)
         except click.exceptions.Exit:
             raise
         except click.ClickException:
             raise
         except Exception as exc:  # a bug in mpt
-            err(f"internal error: {type(exc).__name__}: {exc} (run with --debug and report it)")
-            if debug:
-                traceback.print_exc()
-            ctx.exit(exitcodes.INTERNAL)
+            _fail(ctx, exitcodes.INTERNAL, f"internal error: {type(exc).__name__}: {exc} (run with --debug and "
+                  "report it)", trace=functools.partial(traceback.print_exception, exc, file=sys.stderr)
+                  if debug else None)
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)

@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from . import exitcodes
-from .common import guarded
+from .common import guarded, join_ranks
 from .options import TUNE, options
 from .render import console, err, is_tty, warn
 
@@ -18,6 +18,7 @@ Examples:
   mpt tune model.py:make_net --eval score --lower-is-better --absolute --tolerance 0.1
   mpt tune --config configs/digits_sensor.yaml
   mpt tune model.py --out runs/bf16 --resume     # continue an interrupted run
+  torchrun --nproc-per-node 4 --no-python mpt tune model.py   # evaluate sharded over 4 processes
 
 \b
 Outputs in --out: plan.yaml, lower_precision_ops.txt, fp32_ops.txt,
@@ -92,6 +93,8 @@ def tune_cmd(model_file: str | None, dtype: str, preset: str | None, tolerance: 
     damage to the output
     and confirms the FP32 fallbacks with as few full evaluations as it can.
     Every reported plan was confirmed by a full evaluation.
+
+    Under torchrun every rank runs this and rank 0 decides, reports and writes (tuner.distributed).
     """
     from tuner.errors import ConfigError
     from tuner.loader import load_user_model
@@ -106,24 +109,26 @@ def tune_cmd(model_file: str | None, dtype: str, preset: str | None, tolerance: 
     options = TuneOptions(dtype=dtype, preset=preset, tolerance=tolerance, absolute=absolute,
                           lower_is_better=lower_is_better, max_evals=max_evals, time_budget=time_budget,
                           device=device, thorough=thorough, rank=rank)
+    ctx = click.get_current_context()
+    ranks = join_ranks(ctx, device)  # before the user's code, which may use torch.distributed on import
     user = load_user_model(model_file, model=model_fn, eval=eval_fn, inputs=inputs_fn)
     run = tune_into_folder(user, options, out_dir, resume=resume, overwrite=overwrite,
                            specs={"build": model_fn, "eval": eval_fn, "inputs": inputs_fn},
-                           on_event=_Renderer(quiet), started=started, latency=latency)
-    _summarize(run, options, quiet)
+                           on_event=_Renderer(quiet), started=started, latency=latency, ranks=ranks)
+    code = _summarize(run, options, quiet) if ranks.is_main else None
+    ctx.exit(ranks.finish(code))  # under torchrun every rank ends with rank 0's exit code
 
 
-def _summarize(run: Any, options: Any, quiet: bool) -> None:
+def _summarize(run: Any, options: Any, quiet: bool) -> int:
     """The verdict line, notes and warnings; the exit code for the outcome."""
     from tuner.tune import StopReason, TuneStatus
 
-    ctx = click.get_current_context()
     result, out = run.result, run.out
     if result.stopped is StopReason.INTERRUPTED:
         wrote = (f"wrote the best plan confirmed so far to {out}/ (status: cut short)" if run.wrote_outputs
                  else "no plan was confirmed yet")
         err(f"interrupted; {wrote}; rerun with --resume to continue")
-        ctx.exit(exitcodes.INTERRUPTED)
+        return exitcodes.INTERRUPTED
     out_console = console()
     for note in result.notes:
         out_console.print(f"note: {note}", markup=False)
@@ -143,7 +148,7 @@ def _summarize(run: Any, options: Any, quiet: bool) -> None:
         if result.stopped:
             out_console.print(f"search cut short ({result.stopped.describe(options)}): this is the best "
                               "confirmed plan so far", markup=False)
-        return
+        return exitcodes.OK
     out_console.print(f"target not met: no plan reached {result.target:.6g} (baseline {result.baseline:.6g}) in "
                       f"{result.evals} evaluations{cut}; wrote {out}/ with the all-FP32 plan", markup=False)
-    ctx.exit(exitcodes.TARGET_NOT_MET)
+    return exitcodes.TARGET_NOT_MET

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import functools
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
 
+from . import native
 from .dtypes import parse_dtype, short_name
 from .engine import CastCache, Decision, PrecisionEngine
 from .errors import ConfigError
@@ -172,28 +174,51 @@ def attach(model: nn.Module, policy: PolicyLike, dtype: str | torch.dtype | None
     """Make `model(...)` run under the policy with no `with` block (what `tuner.load` returns).
 
     Ops inside the model's forward follow the plan; code around the call
-    (the user's metric, the loss) runs as usual. `tuner.detach(model)` undoes it.
+    (the user's metric, the loss) runs as usual. `tuner.detach(model)` undoes it
+    and `tuner.attached(model)` says how the plan runs (`native.Execution`).
 
-    With a torch-* preset and engine="auto", the model runs under
-    torch.autocast and only the modules that own a per-instance or per-module
-    override run under mpt's engine (scoped), so a tuned model pays per-op
-    Python cost only where its plan differs from torch's lists.
+    With a torch-* preset and engine="auto" the plan runs natively: under
+    torch.autocast, with its FP32 overrides as module regions (`tuner.native`),
+    so `torch.compile` and `torch.export` see plain torch code. Plans regions
+    cannot express run torch.autocast with mpt's engine inside the modules that
+    need it (scoped); other presets or engine="python" use mpt's engine throughout.
     Raises PlanMismatchError when the plan was made for another model.
     """
     policy = as_plan(policy)
     check_plan_fits(policy, model)
     detach(model)
     pol, lower, mods, instances = resolve(policy, dtype)
-    if engine == "auto" and _native_ok(pol) and (instances or mods):
-        forward = _scoped_forward(model, pol, lower, mods, instances)
-        ctx: Any = None
+    if engine not in ("auto", "python", "torch"):
+        raise ConfigError(f"engine: expected auto, python or torch, found {engine!r}")
+    reason = "engine='python'" if engine == "python" else \
+        f"preset {pol.name} is not torch.autocast's own lists" if not _native_ok(pol) else ""
+    if engine == "torch" and not _native_ok(pol):
+        raise ConfigError("engine='torch' needs a torch-* preset on its own device")
+    if not reason:
+        realized = native.realize(model, pol.native, lower, mods, instances)  # type: ignore[arg-type]
+        if isinstance(realized, native.Execution):
+            setattr(model, _ATTACHED, _Attachment(realized, native.install(model, realized)))
+            return model
+        reason = realized
+        if engine == "torch":
+            raise ConfigError(f"engine='torch' cannot run this plan: {reason}")
+        forward, scoped = _scoped_forward(model, pol, lower, mods, instances)
+        execution = native.Execution(native.ExecutionPath.SCOPED, pol.native, lower, python_modules=scoped,
+                                     reason=reason)
     else:
-        ctx = autocast(pol, lower, model=model, modules=mods or None, engine=engine) if not (instances or mods) \
-            else _engine_ctx(model, pol, lower, mods, instances)
+        ctx = _engine_ctx(model, pol, lower, mods, instances)
         forward = _full_forward(model, ctx)
-    model.forward = forward  # type: ignore[method-assign]
-    setattr(model, _ATTACHED, (ctx, None))
+        execution = native.Execution(native.ExecutionPath.PYTHON, reason=reason)
+    model.forward = torch.compiler.disable(forward)  # mpt's engine is Python per op: never traced  # type: ignore[method-assign]
+    setattr(model, _ATTACHED, _Attachment(execution, [model], getattr(forward, "_mpt_handles", [])))
     return model
+
+
+@dataclass
+class _Attachment:
+    execution: native.Execution
+    wrapped: native.Wrapped  # modules whose forward was replaced, and what they had before
+    handles: list[Any] = field(default_factory=list)  # hooks of the scoped path
 
 
 def _engine_ctx(model: nn.Module, pol: Policy, lower: torch.dtype, mods: dict, instances: dict) -> autocast:
@@ -222,8 +247,8 @@ def _full_forward(model: nn.Module, ctx: autocast) -> Callable[..., Any]:
 
 
 def _scoped_forward(model: nn.Module, pol: Policy, lower: torch.dtype, mods: dict,
-                    instances: dict) -> Callable[..., Any]:
-    """torch.autocast for the model, mpt's engine inside the modules that own overrides."""
+                    instances: dict) -> tuple[Callable[..., Any], tuple[str, ...]]:
+    """torch.autocast for the model, mpt's engine inside the modules that own overrides (and their paths)."""
     from fnmatch import fnmatchcase
 
     eng = PrecisionEngine(pol, lower, root=model, module_overrides=mods, instance_overrides=instances)
@@ -279,21 +304,23 @@ def _scoped_forward(model: nn.Module, pol: Policy, lower: torch.dtype, mods: dic
             depth[0] -= 1
 
     forward._mpt_handles = handles  # type: ignore[attr-defined]
-    return forward
+    return forward, tuple(sorted(scoped))
 
 
 def detach(model: nn.Module) -> nn.Module:
+    """Undo `attach`: the model's own forwards again."""
     state = model.__dict__.pop(_ATTACHED, None)
-    if state is not None:
-        forward = model.__dict__.pop("forward", None)
-        for handle in getattr(forward, "_mpt_handles", ()):
+    if isinstance(state, _Attachment):
+        native.uninstall(state.wrapped)
+        for handle in state.handles:
             handle.remove()
     return model
 
 
-def attached(model: nn.Module) -> autocast | None:
+def attached(model: nn.Module) -> native.Execution | None:
+    """How the plan attached to `model` runs (native, scoped or python), or None when none is attached."""
     state = getattr(model, _ATTACHED, None)
-    return state[0] if state else None
+    return state.execution if isinstance(state, _Attachment) else None
 
 
 __all__ = ["autocast", "convert", "revert", "attach", "detach", "attached", "resolve", "as_plan", "check_plan_fits",

@@ -25,7 +25,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from .api import attach, detach
+from .api import attach, attached, detach
 from .checkpoint import CHECKPOINT_NAME, plan_pass, save_checkpoint
 from .errors import OutputError
 from .fileio import atomic_write_text
@@ -164,11 +164,24 @@ def _write_staged(result: TuneResult, stage: Path, out: Path, *, model: nn.Modul
     warnings = list(result.warnings)
     timing = _latency(model, result, inputs, device, warnings) if latency else None
     report = _report(result, plan, planned.shares, timing, ckpt, warnings, time.monotonic() - t0)
+    report["execution"] = _execution(model, plan)
     with _writing(out, "report.json"):
         atomic_write_text(stage / "report.json", json.dumps(report, indent=1, default=str) + "\n")
     with _writing(out, "search.html"):
         atomic_write_text(stage / "search.html", _html(result, report))
     return report
+
+
+def _execution(model: nn.Module, plan: Plan) -> dict[str, Any]:
+    """How `tuner.load` will run this plan on this machine (native, scoped or python), from one attach."""
+    attach(model, plan)
+    try:
+        ex = attached(model)
+    finally:
+        detach(model)
+    assert ex is not None
+    return {"path": ex.path.value, "summary": ex.describe(), "fp32_islands": list(ex.fp32_islands),
+            "fp32_subtrees": list(ex.fp32_subtrees), "python_modules": list(ex.python_modules)}
 
 
 def _latency(model: nn.Module, result: TuneResult, inputs: ModelInputs, device: str,

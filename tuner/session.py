@@ -28,6 +28,7 @@ from .errors import ConfigError, Interrupted, UserCodeError
 from .flops import first_tensor, op_flops
 from .inputs import ModelInputs
 from .deploy import autocast_failures
+from .distributed import Ranks, SharedJournal
 from .isolation import ModelKeeper
 from .journal import Journal
 from .loader import call_forward
@@ -74,15 +75,17 @@ _FROM_INPUTS = frozenset({Rule.PASSTHROUGH, Rule.FIRST_INPUT, Rule.PROMOTE})
 class TuneSession:
     def __init__(self, build: Callable[[], nn.Module], evaluate: Callable[[nn.Module], Any],
                  example_inputs: Callable[[], tuple] | tuple | None, options: TuneOptions, *,
-                 journal: Journal | None = None, on_event: Callable[[TuneEvent], None] | None = None,
-                 started: float | None = None, keeper: ModelKeeper | None = None) -> None:
+                 journal: Journal | SharedJournal | None = None,
+                 on_event: Callable[[TuneEvent], None] | None = None, started: float | None = None,
+                 keeper: ModelKeeper | None = None, ranks: Ranks | None = None) -> None:
         self.options = options
         self.dtype = parse_dtype(options.dtype)
         self.policy = load_preset(options.preset)  # type: ignore[arg-type]
         self.evaluate_fn = evaluate
         self.inputs_source = example_inputs
         self.journal = journal
-        self.emit = on_event or (lambda e: None)
+        self.ranks = ranks or Ranks()  # under torchrun: rank 0 decides, the others follow (tuner.distributed)
+        self.emit = (on_event if self.ranks.is_main else None) or (lambda e: None)  # only rank 0 reports
         self.started = time.monotonic() if started is None else started
         t0 = time.monotonic()
         self.keeper = keeper or ModelKeeper(build, options.device)
@@ -214,7 +217,11 @@ class TuneSession:
         return self.inputs
 
     def search(self) -> None:
-        """The all-low trial; when it fails, rank the candidates and let PrecisionSearch pick the FP32 ones."""
+        """The all-low trial; when it fails, rank the candidates and let PrecisionSearch pick the FP32 units.
+
+        The search decides per module, not per call: a unit is every candidate one module's own code calls,
+        which is what a loaded plan can run in FP32 without Python per op (`tuner.native`).
+        """
         first = self._trial(frozenset())
         if first.passed:
             self._search_best = frozenset()
@@ -223,14 +230,24 @@ class TuneSession:
         if not self.candidates:
             return
         self.rank()
-        search = PrecisionSearch([self.scores[c] for c in self.candidates], self._trial,
-                                 costs=[self.costs[c] for c in self.candidates], thorough=self.options.thorough,
-                                 all_low_failed=True, all_low_drop=first.drop)
+        units = self.units()
+        search = PrecisionSearch([math.sqrt(sum(self.scores[self.candidates[i]] ** 2 for i in u)) for u in units],
+                                 lambda picked: self._trial(frozenset(i for n in picked for i in units[n])),
+                                 costs=[sum(self.costs[self.candidates[i]] for i in u) for u in units],
+                                 thorough=self.options.thorough, all_low_failed=True, all_low_drop=first.drop)
         outcome = search.run()
-        self._search_best = outcome.fp32
+        if outcome.fp32 is not None:
+            self._search_best = frozenset(i for n in outcome.fp32 for i in units[n])
         self.notes.extend(outcome.notes)
         if outcome.stopped is not None:
             self.stopped = outcome.stopped  # type: ignore[assignment]
+
+    def units(self) -> list[tuple[int, ...]]:
+        """Candidate indices grouped by the module that calls them, in the order modules first call one."""
+        groups: dict[str, list[int]] = {}
+        for i, cand in enumerate(self.candidates):
+            groups.setdefault(cand.module, []).append(i)
+        return [tuple(g) for g in groups.values()]
 
     def rank(self) -> None:
         """Score every candidate by the error it adds to the output, from cheap passes on the example inputs."""
@@ -241,13 +258,16 @@ class TuneSession:
 
         scorer = rank_gradient if method is RankMethod.GRADIENT else rank_exact
         assert self.inputs is not None
-        self.scores.update(scorer(self.keeper.model, self.inputs, self.policy, self.dtype, self.candidates,
-                                  self.ref_out, progress))
+        self.ranks.same([c.label() for c in self.candidates], "op instances to tune")
+        scores = scorer(self.keeper.model, self.inputs, self.policy, self.dtype, self.candidates, self.ref_out,
+                        progress)
+        self.scores.update(self.ranks.broadcast(scores))  # every rank searches in rank 0's order
         self.keeper.restore()
 
     # --- evaluations -----------------------------------------------------------------------------------------
     def _trial(self, fp32_idx: frozenset[int]) -> Probe:
         """One search trial: the candidates in `fp32_idx` stay FP32, the rest run low."""
+        fp32_idx = self.ranks.broadcast(fp32_idx)  # under torchrun every rank tests what rank 0's search asks
         if fp32_idx in self._memo:  # asked again by the search: already counted and reported
             return self._memo[fp32_idx]
         fp32 = frozenset(self.candidates[i] for i in fp32_idx)
@@ -276,9 +296,14 @@ class TuneSession:
     def _label(self, fp32_idx: frozenset[int]) -> str:
         if not fp32_idx:
             return f"all eligible in {self.options.dtype}"
-        order = sorted(fp32_idx, key=lambda i: (-self.scores.get(self.candidates[i], 0), i))
-        names = [self.candidates[i].label() for i in order]
-        return f"{len(names)} in FP32: " + ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
+        weight: dict[str, float] = {}
+        for i in fp32_idx:
+            cand = self.candidates[i]
+            weight[cand.module] = weight.get(cand.module, 0.0) + self.scores.get(cand, 0.0) ** 2
+        names = [m or "(root)" for m in sorted(weight, key=lambda m: (-weight[m], m))]
+        modules = f"{len(names)} module{'s' if len(names) > 1 else ''}" if len(names) > 1 else names[0]
+        shown = ": " + ", ".join(names[:3]) + (" ..." if len(names) > 3 else "") if len(names) > 1 else ""
+        return f"{len(fp32_idx)} in FP32 ({modules}){shown}"
 
     def _check_bounds(self) -> None:
         opts = self.options
@@ -300,7 +325,7 @@ class TuneSession:
                           float(cached["seconds"]), share, cached.get("error"), True, baseline)
             return self._record(trial)
         if not baseline:
-            self._check_bounds()
+            self.ranks.decide(self._check_bounds)  # rank 0's clock and count stop every rank at once
         metric, error, secs = self._run_evaluate(fp32, baseline)
         trial = Trial(len(self.trials), label, labels, metric, self._passes(metric, baseline), secs, share, error,
                       False, baseline)
@@ -319,13 +344,15 @@ class TuneSession:
         try:
             metric = _to_float(self.evaluate_fn(model))
         except Exception as exc:  # noqa: BLE001 - the baseline re-raises; a trial fails
-            if baseline:
+            if baseline or self.ranks.distributed:  # a rank cannot tell whether the others raised too: stop all
                 raise
             error = str(exc) if isinstance(exc, UserCodeError) else \
                 f"evaluate raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         finally:
             detach(model)
         secs = time.monotonic() - t0
+        if metric is not None and self.ranks.distributed:
+            metric = self.ranks.agree(metric)  # the metric that counts: the all-reduced one, alike on every rank
         if metric is not None and not math.isfinite(metric):
             if baseline:
                 raise UserCodeError(f"evaluate returned {metric} for the FP32 model; the baseline must be finite")

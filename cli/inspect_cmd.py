@@ -2,15 +2,17 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 from typing import Any
 
 import click
 
+from tuner.audit import OpRecord
+
 from .common import guarded
 from .options import INSPECT, options
 from .render import console, fmt_err, is_tty
+from .tables import PIPED_WIDTH, Column, Shorten, plain_table, rich_table, rule_abbrev, rule_legend, wrap_line
 
 EPILOG = """\b
 Examples:
@@ -21,20 +23,31 @@ Examples:
   mpt inspect --config configs/digits_sensor.yaml
 """
 
-TOP_TITLE = "the {n} op calls that add the most error themselves (local; error where local is unknown)"
+TOP_TITLE = ("the {n} op calls that add the most error themselves (local error; views, reshapes, copies "
+             "and eval dropout left out)")
+
+# Shrinking order when a table is too wide: module paths first (down to 16), then op names, the dtypes,
+# and module paths again; the rule (short names) and error columns keep their width.
+_MODULE, _OP, _DTYPES = 0, 1, 2
+_STAGES = ((_MODULE, 16), (_OP, 16), (_DTYPES, 10), (_MODULE, 8), (_OP, 8))
+
+_TERMINAL_COLUMNS = (Column("module", shorten=Shorten.MIDDLE), Column("op", shorten=Shorten.MIDDLE),
+                     Column("in > ran > out", shorten=Shorten.END), Column("error", right=True),
+                     Column("local", right=True), Column("rule"))
+_PLAIN_COLUMNS = (Column("module", shorten=Shorten.MIDDLE), Column("op", shorten=Shorten.MIDDLE),
+                  Column("inputs", shorten=Shorten.END), Column("computed"), Column("output"),
+                  Column("error", right=True), Column("local", right=True), Column("rule"))
 
 
-def _sortable(value: float | None) -> float:
-    """NaN (an overflow) ranks above everything, an unknown error below everything."""
-    if value is None:
-        return -1.0
-    return math.inf if math.isnan(value) else value
+def _terminal_row(r: OpRecord) -> list[str]:
+    flow = f"{','.join(dict.fromkeys(r.input_dtypes)) or '-'} > {r.dtype} > {r.output_dtype}"
+    return [r.module or "(root)", f"{r.op}#{r.index}", flow, fmt_err(r.error, 1), fmt_err(r.local_error, 1),
+            rule_abbrev(r.rule)]
 
 
-def _by_own_error(r: Any) -> tuple[float, float]:
-    """--top's order: the error the op adds itself (`local`), then the error it carries (`error`)."""
-    own = r.local_error if r.local_error is not None else r.error
-    return _sortable(own), _sortable(r.error)
+def _plain_row(r: OpRecord) -> list[str]:
+    return [r.module or "(root)", f"{r.op}#{r.index}", ",".join(r.input_dtypes) or "-", r.dtype, r.output_dtype,
+            fmt_err(r.error), fmt_err(r.local_error), rule_abbrev(r.rule)]
 
 
 @click.command(INSPECT, epilog=EPILOG)
@@ -52,11 +65,15 @@ def inspect_cmd(model_file: str | None, preset: str | None, plan_path: str | Non
     dtype, the rule that decided it, its error against the FP32 run
     (`error`, everything upstream included) and the error the op adds by
     itself (`local`). --top N keeps the N calls with the largest `local`
-    error (`error` breaks ties, and ranks calls that have no `local`). The
-    summary gives the share of op calls and of matmul/conv FLOPs that ran in
-    the lower precision and the casts inserted.
+    error (`error` breaks ties, and ranks calls that have no `local`),
+    leaving out calls whose precision cannot change their result (views,
+    reshape, permute, contiguous, dropout in eval). The rule column uses
+    short names, spelled out in the line under the table; long module paths
+    are shortened in the middle so that a row fits the terminal (120
+    characters when piped). The summary gives the share of op calls and of
+    matmul/conv FLOPs that ran in the lower precision and the casts inserted.
     """
-    from tuner.audit import inspect_model
+    from tuner.audit import inspect_model, top_records
     from tuner.errors import ConfigError
     from tuner.loader import load_user_model
 
@@ -107,7 +124,7 @@ def inspect_cmd(model_file: str | None, preset: str | None, plan_path: str | Non
         policy = custom_policy(load_preset(policy), lower=lists["lower"], fp32=lists["fp32"])
     result = inspect_model(model, inputs, policy, dtype, modules=mods or None)
     records = result.records
-    shown = sorted(records, key=_by_own_error, reverse=True)[:top] if top else records
+    shown = top_records(records, top) if top else records
     if as_json:
         data = result.to_dict()
         position = {id(r): n for n, r in enumerate(records)}
@@ -120,31 +137,20 @@ def inspect_cmd(model_file: str | None, preset: str | None, plan_path: str | Non
                f"{s.lower_flop_share:.0%} of matmul/conv FLOPs in {s.dtype}; {s.casts} casts inserted; "
                f"output error {fmt_err(s.output_error)}")
     out = console()
+    legend = rule_legend(r.rule for r in shown)
     if is_tty():
-        from rich.table import Table
-
         title = f"mpt inspect: {user.path.name}" + (f", {TOP_TITLE.format(n=len(shown))}" if top else "")
-        table = Table(title=title, show_lines=False, pad_edge=False)
-        table.add_column("module", no_wrap=True, overflow="ellipsis", max_width=32)
-        table.add_column("op", no_wrap=True)
-        table.add_column("in > ran > out", no_wrap=True)
-        table.add_column("error", justify="right", no_wrap=True)
-        table.add_column("local", justify="right", no_wrap=True)
-        table.add_column("rule", overflow="fold")
-        for r in shown:
-            style = "red" if r.nonfinite else ("cyan" if r.dtype in ("bf16", "fp16") else None)
-            flow = f"{','.join(dict.fromkeys(r.input_dtypes)) or '-'} > {r.dtype} > {r.output_dtype}"
-            table.add_row(r.module or "(root)", f"{r.op}#{r.index}", flow, fmt_err(r.error, 1),
-                          fmt_err(r.local_error, 1), r.reason, style=style)
-        out.print(table)
+        styles = ["red" if r.nonfinite else ("cyan" if r.dtype in ("bf16", "fp16") else None) for r in shown]
+        out.print(rich_table(_TERMINAL_COLUMNS, [_terminal_row(r) for r in shown], _STAGES, out.width,
+                             title=title, styles=styles))
+        out.print(legend)
     else:
         if top:
             out.print(TOP_TITLE.format(n=len(shown)))
-        out.print(f"{'module':30} {'op':28} {'inputs':16} {'computed':8} {'output':6} {'error':>9} {'local':>9}  rule")
-        for r in shown:
-            out.print(f"{(r.module or '(root)'):30} {r.op + '#' + str(r.index):28} "
-                      f"{','.join(r.input_dtypes) or '-':16} {r.dtype:8} {r.output_dtype:6} "
-                      f"{fmt_err(r.error):>9} {fmt_err(r.local_error):>9}  {r.reason}")
+        for line in plain_table(_PLAIN_COLUMNS, [_plain_row(r) for r in shown], _STAGES, PIPED_WIDTH):
+            out.print(line)
+        for line in wrap_line(legend):
+            out.print(line)
     out.print(summary)
     if s.first_nonfinite:
         out.print(f"first non-finite output (NaN/inf) at {s.first_nonfinite}")

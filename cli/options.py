@@ -54,13 +54,20 @@ class KeyedOption(click.Option):
         self.config_key = config_key
 
 
-class KeyedArgument(click.Argument):
-    """A positional argument that knows its config key and its help (click arguments have none)."""
+class HelpArgument(click.Argument):
+    """A positional argument with a help text, listed under "Positional arguments" in --help."""
 
-    def __init__(self, *args: Any, config_key: str, help: str = "", **kwargs: Any) -> None:  # noqa: A002
+    def __init__(self, *args: Any, help: str = "", **kwargs: Any) -> None:  # noqa: A002
+        super().__init__(*args, **kwargs)
+        self.help = help
+
+
+class KeyedArgument(HelpArgument):
+    """A positional argument that knows its config key and its help."""
+
+    def __init__(self, *args: Any, config_key: str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.config_key = config_key
-        self.help = help
 
 
 @dataclass(frozen=True)

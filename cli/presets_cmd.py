@@ -4,21 +4,23 @@ from __future__ import annotations
 import click
 
 from .common import guarded
-from .options import PRESETS, options
+from .options import PRESETS, HelpArgument, options
 from .render import console, is_tty
 
 
 @click.command(PRESETS,
                epilog="\b\nExamples:\n  mpt presets\n  mpt presets hmp\n  mpt presets torch-cpu --lists-only lower")
-@click.argument("name", required=False)
+@click.argument("name", required=False, cls=HelpArgument, metavar="[NAME]",
+                help="A preset to show in full (its source, rules and lists); without it, one line per preset.")
 @options(PRESETS, config=False)
 @guarded
 def presets_cmd(name: str | None, lists_only: str | None) -> None:
     """List presets, or show one preset's op lists and rules.
 
-    Each preset reproduces one system's defaults: hmp (Habana HMP defaults),
-    hmp-o1 / hmp-o2 (HMP opt levels), gaudi (Gaudi torch.autocast), xla
-    (PyTorch/XLA AMP), torch-cpu / torch-cuda (torch.autocast's own lists).
+    Each preset reproduces one system's defaults: hmp (Habana HMP's default
+    lists), hmp-o1 / hmp-o2 (HMP opt levels O1 / O2), gaudi (Intel Gaudi's
+    torch.autocast lists), xla (PyTorch/XLA AMP on TPU), torch-cpu / torch-cuda
+    (torch.autocast's own CPU / CUDA lists of the installed torch).
     """
     from tuner.policy import load_preset, preset_names
 

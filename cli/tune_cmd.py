@@ -22,13 +22,14 @@ Examples:
 
 \b
 Outputs in --out: plan.yaml, lower_precision_ops.txt, fp32_ops.txt,
-model.safetensors, report.json, search.html, journal.jsonl.
+model.safetensors, report.json, report.md, search.html, journal.jsonl.
 Load the result with tuner.load(build_model(), "mpt-out").
 """
 
 
 class _Renderer:
-    """One row per trial: a rich live table on a terminal, one plain line each otherwise."""
+    """One line per trial (the baseline runs are trials 1 and 2); a spinner or progress bar while work runs on a
+    terminal. Piped output is one plain line per event: lines starting with "eval N" are the trials."""
 
     def __init__(self, quiet: bool) -> None:
         self.quiet = quiet
@@ -36,12 +37,36 @@ class _Renderer:
         self.out = console()
         self.progress: Any = None
         self.task: Any = None
+        self.status: Any = None
+
+    def working(self, message: str) -> None:
+        """A spinner on a terminal (replaced by the next line), a plain line when piped."""
+        if self.quiet:
+            return
+        if not self.tty:
+            self.out.print(message, markup=False)
+            return
+        self.stop()
+        self.status = self.out.status(message)
+        self.status.start()
+
+    def stop(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
 
     def __call__(self, event: Any) -> None:
         if self.quiet:
             return
         from tuner.tune import EventKind
 
+        if event.kind is EventKind.EVALUATING:
+            if self.tty:
+                self.working(f"trial {event.done}: evaluating {event.message} ...")
+            return
         if event.kind is EventKind.RANK:
             if not self.tty and event.done == 1:
                 how = ("one shadowed forward pass + backward probes" if event.message == "gradient"
@@ -51,32 +76,38 @@ class _Renderer:
                 if self.progress is None:
                     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+                    self.stop()
                     self.progress = Progress(TextColumn("ranking op instances"), BarColumn(), MofNCompleteColumn(),
                                              console=self.out, transient=True)
                     self.progress.start()
                     self.task = self.progress.add_task("rank", total=event.total)
                 self.progress.update(self.task, completed=event.done)
             return
-        if self.progress is not None:
-            self.progress.stop()
-            self.progress = None
+        self.stop()
         if event.kind in (EventKind.BASELINE, EventKind.CANDIDATES):
             self.out.print(event.message, markup=False)
+            if event.kind is EventKind.BASELINE and self.tty:
+                self.working("finding the op instances that run in lower precision ...")
         elif event.kind is EventKind.TRIAL:
-            t = event.trial
-            metric = "error" if t.metric is None else f"{t.metric:.6g}"
-            verdict = "pass" if t.passed else "FAIL"
-            extra = f" ({t.error})" if t.error else ""
-            cached = " [journal]" if t.from_journal else ""
-            if self.tty:
-                style = "green" if t.passed else "red"
-                from rich.markup import escape
+            self.trial(event.trial)
 
-                self.out.print(f"[dim]eval {event.done:>3}[/dim]  [{style}]{verdict:4}[/{style}]  {metric:>10}  "
-                               f"low {t.low_share:4.0%}  {escape(t.label + extra + cached)}", markup=True)
-            else:
-                self.out.print(f"eval {event.done:>3}  {verdict:4}  metric {metric:>10}  low {t.low_share:4.0%}  "
-                               f"{t.seconds:6.2f}s  {t.label}{extra}{cached}", markup=False)
+    def trial(self, t: Any) -> None:
+        from tuner.outputs import fmt_metric
+
+        metric = "error" if t.metric is None and not t.baseline else fmt_metric(t.metric)
+        verdict = "base" if t.baseline else "pass" if t.passed else "FAIL"
+        extra = f" ({t.error})" if t.error else ""
+        cached = " [journal]" if t.from_journal else ""
+        if self.tty:
+            from rich.markup import escape
+
+            style = "dim" if t.baseline else "green" if t.passed else "red"
+            self.out.print(f"[dim]eval {t.n:>3}[/dim]  [{style}]{verdict:4}[/{style}]  {metric:>8}  "
+                           f"low {t.shares.short()}  {t.seconds:6.2f}s  {escape(t.label + extra + cached)}",
+                           markup=True)
+        else:
+            self.out.print(f"eval {t.n:>3}  {verdict:4}  metric {metric:>8}  low {t.shares.short()}  "
+                           f"{t.seconds:6.2f}s  {t.label}{extra}{cached}", markup=False)
 
 
 @click.command(TUNE, epilog=EPILOG)
@@ -111,16 +142,23 @@ def tune_cmd(model_file: str | None, dtype: str, preset: str | None, tolerance: 
                           device=device, thorough=thorough, rank=rank)
     ctx = click.get_current_context()
     ranks = join_ranks(ctx, device)  # before the user's code, which may use torch.distributed on import
-    user = load_user_model(model_file, model=model_fn, eval=eval_fn, inputs=inputs_fn)
-    run = tune_into_folder(user, options, out_dir, resume=resume, overwrite=overwrite,
-                           specs={"build": model_fn, "eval": eval_fn, "inputs": inputs_fn},
-                           on_event=_Renderer(quiet), started=started, latency=latency, ranks=ranks)
+    render = _Renderer(quiet or not ranks.is_main)
+    render.working(f"loading {model_file} ...")  # within a second: the user's imports may take a while
+    try:
+        user = load_user_model(model_file, model=model_fn, eval=eval_fn, inputs=inputs_fn)
+        render.working("building the model and evaluating the FP32 baseline ...")
+        run = tune_into_folder(user, options, out_dir, resume=resume, overwrite=overwrite,
+                               specs={"build": model_fn, "eval": eval_fn, "inputs": inputs_fn},
+                               on_event=render, started=started, latency=latency, ranks=ranks)
+    finally:
+        render.stop()
     code = _summarize(run, options, quiet) if ranks.is_main else None
     ctx.exit(ranks.finish(code))  # under torchrun every rank ends with rank 0's exit code
 
 
 def _summarize(run: Any, options: Any, quiet: bool) -> int:
-    """The verdict line, notes and warnings; the exit code for the outcome."""
+    """The verdict (a short panel on a terminal, plain lines when piped), notes and warnings; the exit code."""
+    from tuner.outputs import verdict
     from tuner.tune import StopReason, TuneStatus
 
     result, out = run.result, run.out
@@ -135,20 +173,24 @@ def _summarize(run: Any, options: Any, quiet: bool) -> int:
     if not quiet:  # after the run: a warning must never come before an error it does not explain
         for w in run.report["warnings"]:
             warn(w)
+    met = result.status is TuneStatus.MET
+    head, *rest = verdict(result, run.report).split("; ")
     lat = run.report["latency_ms"]
-    timing = f"forward {lat['tuned']:.2f} ms vs {lat['fp32']:.2f} ms FP32; " if lat else ""
-    share = run.report["low_precision_flop_share"]
-    cut = f"; search cut short ({result.stopped.describe(options)})" if result.stopped else ""
-    if result.status is TuneStatus.MET:
-        out_console.print(
-            f"target met: {result.metric:.6g} vs baseline {result.baseline:.6g} (target {result.target:.6g}); "
-            f"{len(result.plan.fp32_instances)} of {len(result.candidates)} op instances in FP32; "
-            f"{share:.0%} of matmul/conv FLOPs in {options.dtype}; {result.evals} evaluations; "
-            f"{timing}wrote {out}/", markup=False)
-        if result.stopped:
-            out_console.print(f"search cut short ({result.stopped.describe(options)}): this is the best "
-                              "confirmed plan so far", markup=False)
-        return exitcodes.OK
-    out_console.print(f"target not met: no plan reached {result.target:.6g} (baseline {result.baseline:.6g}) in "
-                      f"{result.evals} evaluations{cut}; wrote {out}/ with the all-FP32 plan", markup=False)
-    return exitcodes.TARGET_NOT_MET
+    if lat:
+        rest.append(f"forward {lat['tuned']:.2f} ms vs {lat['fp32']:.2f} ms FP32")
+    if result.stopped:
+        rest.append(f"search cut short ({result.stopped.describe(options)})" +
+                    (": this is the best confirmed plan so far" if met else ""))
+    rest.append(f"wrote {out}/" + ("" if met else " with the all-FP32 plan") + " (report.md, search.html)")
+    if is_tty() and not quiet:
+        from rich.panel import Panel
+        from rich.text import Text
+
+        body = Text(head, style="bold green" if met else "bold red")
+        for line in rest:
+            body.append("\n" + line)
+        out_console.print(Panel(body, title="mpt tune", expand=False, border_style="green" if met else "red"))
+    else:
+        out_console.print(head + "; " + "; ".join(rest[:-1]), markup=False)
+        out_console.print(rest[-1], markup=False)
+    return exitcodes.OK if met else exitcodes.TARGET_NOT_MET

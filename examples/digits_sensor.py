@@ -21,15 +21,17 @@ op a precision tuner must find.
 
 Data: sklearn.datasets.load_digits (bundled with scikit-learn, no download),
 fixed stratified 70/30 split (random_state=0).
-Weights: weights/digits_sensor.safetensors, made by `python examples/train.py digits_sensor`.
+Weights: weights/digits_sensor.safetensors, made by `python examples/train.py digits_sensor --out examples/weights`.
 """
 from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from torch import nn
+import torch.nn.functional as F
 
 NAME = "digits_sensor"
 WEIGHTS = Path(__file__).resolve().parent / "weights" / f"{NAME}.safetensors"
@@ -102,22 +104,32 @@ def build_model() -> nn.Module:
     from safetensors.torch import load_file
 
     if not WEIGHTS.is_file():
-        raise FileNotFoundError(f"{WEIGHTS} is missing; run `python examples/train.py {NAME}` to make it")
+        raise FileNotFoundError(f"{WEIGHTS} is missing; run "
+                                f"`python examples/train.py {NAME} --out examples/weights` to make it")
     model = SensorMLP()
     model.load_state_dict(load_file(str(WEIGHTS)))
     return model.eval()
 
 
-def evaluate(model: nn.Module) -> float:
-    """Accuracy on the held-out split (540 samples)."""
+def _test_batches(model: nn.Module) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(FP32 logits on the CPU, labels) for the held-out split, EVAL_BATCH samples at a time, without grad."""
     _, _, x, y = load_split()
     device = next(model.parameters()).device
-    correct = 0
     with torch.no_grad():
         for i in range(0, len(x), EVAL_BATCH):
-            logits = model(x[i:i + EVAL_BATCH].to(device))
-            correct += int((logits.argmax(dim=-1).cpu() == y[i:i + EVAL_BATCH]).sum())
-    return correct / len(y)
+            yield model(x[i:i + EVAL_BATCH].to(device)).float().cpu(), y[i:i + EVAL_BATCH]
+
+
+def evaluate(model: nn.Module) -> float:
+    """Accuracy on the held-out split (540 samples)."""
+    correct = sum(int((logits.argmax(dim=-1) == labels).sum()) for logits, labels in _test_batches(model))
+    return correct / len(load_split()[3])
+
+
+def loss(model: nn.Module) -> float:
+    """Mean cross-entropy on the held-out split, lower is better (`mpt tune ... --eval loss --lower-is-better`)."""
+    total = sum(float(F.cross_entropy(logits, labels, reduction="sum")) for logits, labels in _test_batches(model))
+    return total / len(load_split()[3])
 
 
 def example_inputs() -> tuple:

@@ -10,7 +10,8 @@ and a Linear head returning logits.
 
 Data: sklearn.datasets.load_digits (bundled with scikit-learn, no download),
 pixels scaled to [0, 1], fixed stratified 70/30 split (random_state=0).
-Weights: weights/digits_transformer.safetensors, made by `python examples/train.py digits_transformer`.
+Weights: weights/digits_transformer.safetensors, made by
+`python examples/train.py digits_transformer --out examples/weights`.
 """
 from __future__ import annotations
 
@@ -72,7 +73,8 @@ def build_model() -> nn.Module:
     from safetensors.torch import load_file
 
     if not WEIGHTS.is_file():
-        raise FileNotFoundError(f"{WEIGHTS} is missing; run `python examples/train.py {NAME}` to make it")
+        raise FileNotFoundError(f"{WEIGHTS} is missing; run "
+                                f"`python examples/train.py {NAME} --out examples/weights` to make it")
     model = DigitsTransformer()
     model.load_state_dict(load_file(str(WEIGHTS)))
     return model.eval()

@@ -1,15 +1,19 @@
-"""Retrain an example model and rewrite its shipped weights.
+"""Retrain an example model; the shipped weights are only replaced when asked.
 
-    python examples/train.py digits_cnn
-    python examples/train.py all
+    python examples/train.py digits_cnn                 # -> examples/weights/retrained/digits_cnn.safetensors
+    python examples/train.py all --out /tmp/weights     # -> /tmp/weights/NAME.safetensors
+    python examples/train.py all --out examples/weights --overwrite   # replace the shipped weights
 
 Each example file (examples/NAME.py) provides `Net`, `load_split()`,
 `evaluate(model)`, a `TRAIN` dict (epochs, lr, weight_decay, batch_size) and
 optionally `train_inputs(x)` (transform applied to inputs while training) and
 `finalize(model)` (applied to the trained model before saving). Training is
 deterministic: fixed seed, single thread, shuffling from a seeded generator.
-The weights go to examples/weights/NAME.safetensors (safetensors, no pickle).
-Not run by the tests.
+The weights go to examples/weights/retrained/NAME.safetensors by default (or
+to --out DIR), so the shipped, tracked examples/weights/NAME.safetensors that
+the examples load are only rewritten with --overwrite. An existing output file
+is refused without --overwrite; `--out examples/weights --overwrite` replaces
+the shipped weights. Safetensors, no pickle. Not run by the tests.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import torch.nn.functional as F
 HERE = Path(__file__).resolve().parent
 EXAMPLES = ("digits_cnn", "digits_sensor", "digits_transformer")
 SEED = 0
+RETRAINED = HERE / "weights" / "retrained"
 
 
 def load_example(name: str):
@@ -36,7 +41,8 @@ def load_example(name: str):
     return module
 
 
-def train(name: str, seed: int = SEED, epochs: int | None = None) -> float:
+def train(name: str, seed: int = SEED, epochs: int | None = None, out: Path | None = None) -> float:
+    """Train example `name` and save its weights to `out` (default: examples/weights/retrained/NAME.safetensors)."""
     from safetensors.torch import save_file
 
     ex = load_example(name)
@@ -80,16 +86,26 @@ def train(name: str, seed: int = SEED, epochs: int | None = None) -> float:
     acc = ex.evaluate(model)
 
     state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
-    ex.WEIGHTS.parent.mkdir(parents=True, exist_ok=True)
+    target = Path(out) if out is not None else RETRAINED / ex.WEIGHTS.name
+    target.parent.mkdir(parents=True, exist_ok=True)
     # One metadata key holding sorted JSON: safetensors writes several keys in a random
     # order, and a single one keeps the file byte-identical from run to run.
     info = {"example": name, "seed": seed, "epochs": cfg["epochs"],
             "test_accuracy_fp32": round(acc, 4), "torch": torch.__version__}
-    save_file(state, str(ex.WEIGHTS), metadata={"mpt_example": json.dumps(info, sort_keys=True)})
-    reloaded = ex.evaluate(ex.build_model())
+    save_file(state, str(target), metadata={"mpt_example": json.dumps(info, sort_keys=True)})
+    reloaded = ex.evaluate(_load_into(ex, target))
     print(f"{name}: held-out accuracy {acc:.4f} (reloaded {reloaded:.4f}), "
-          f"{ex.WEIGHTS.stat().st_size / 1024:.1f} KiB -> {ex.WEIGHTS}, {time.perf_counter() - t0:.1f}s")
+          f"{target.stat().st_size / 1024:.1f} KiB -> {target}, {time.perf_counter() - t0:.1f}s")
     return acc
+
+
+def _load_into(ex, path: Path) -> torch.nn.Module:
+    """A fresh Net with the weights in `path` (the example's own build_model reads the shipped file)."""
+    from safetensors.torch import load_file
+
+    model = ex.Net()
+    model.load_state_dict(load_file(str(path)))
+    return model.eval()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,9 +113,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", choices=[*EXAMPLES, "all"])
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--epochs", type=int, default=None, help="override the example's TRAIN['epochs']")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder for NAME.safetensors (default: examples/weights/retrained/)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace existing files (--out examples/weights --overwrite: the shipped weights)")
     args = parser.parse_args(argv)
-    for name in EXAMPLES if args.name == "all" else (args.name,):
-        train(name, seed=args.seed, epochs=args.epochs)
+    names = EXAMPLES if args.name == "all" else (args.name,)
+    folder = args.out if args.out is not None else RETRAINED
+    targets = {name: folder / f"{name}.safetensors" for name in names}
+    existing = [str(t) for t in targets.values() if t.exists()]
+    if existing and not args.overwrite:
+        parser.error(f"{', '.join(existing)} exists; pass --overwrite to replace it, or --out DIR")
+    for name in names:
+        train(name, seed=args.seed, epochs=args.epochs, out=targets[name])
     return 0
 
 

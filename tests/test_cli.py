@@ -69,7 +69,7 @@ def test_tune_end_to_end_and_load(runner, tmp_path):
     assert res.exit_code == 0, res.output
     assert "target met" in res.output
     for name in ("plan.yaml", "lower_precision_ops.txt", "fp32_ops.txt", "model.safetensors", "report.json",
-                 "search.html", "journal.jsonl"):
+                 "report.md", "search.html", "journal.jsonl"):
         assert (out / name).is_file(), name
     report = json.loads((out / "report.json").read_text())
     assert report["fp32_instances"] == ["calib:linear#0"]
@@ -99,7 +99,8 @@ def test_tune_plain_output_has_one_line_per_trial(runner, tmp_path):
     res = runner.invoke(main, ["tune", SENSOR, "--out", str(tmp_path / "o")])
     trial_lines = [l for l in res.output.splitlines() if l.startswith("eval ")]
     trials = json.loads((tmp_path / "o" / "report.json").read_text())["trials"]
-    assert len(trial_lines) == sum(not t.get("baseline") for t in trials)
+    assert len(trial_lines) == len(trials)  # the baseline runs are trials 1 and 2
+    assert [int(line.split()[1]) for line in trial_lines] == [t["n"] for t in trials] == list(range(1, len(trials) + 1))
 
 
 def test_build_picks_the_builder(runner, tmp_path):

@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 import tuner.audit
-from cli.inspect_cmd import _by_own_error
 from cli.main import main
 from tuner.audit import inspect_model
+from tuner.audit import own_error_key as _by_own_error
 from tuner.inputs import ModelInputs
 from tuner.loader import load_user_model
 

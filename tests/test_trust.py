@@ -189,7 +189,7 @@ def test_ctrl_c_after_passing_trials_leaves_a_loadable_plan(runner, tmp_path, mo
     full = mpt(runner, "tune", model_py, "--out", tmp_path / "full", "--thorough", "-q")
     report = json.loads((tmp_path / "full" / "report.json").read_text())
     first_pass = next(t["n"] for t in report["trials"] if t["passed"] and not t["baseline"])
-    monkeypatch.setenv("MPT_TEST_INTERRUPT_AT", str(first_pass + 2))  # the evaluation after the first pass
+    monkeypatch.setenv("MPT_TEST_INTERRUPT_AT", str(first_pass + 1))  # the evaluation after the first pass
     res = mpt(runner, "tune", model_py, "--out", out, "--thorough", "-q")
     assert full.exit_code == exitcodes.OK and res.exit_code == exitcodes.INTERRUPTED, res.output
     assert "wrote the best plan confirmed so far" in res.stderr

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -65,8 +66,38 @@ def resolve(policy: PolicyLike, dtype: str | torch.dtype | None = None,
     return pol, lower, mods, instances
 
 
+class _VerboseHandler(logging.StreamHandler):
+    """The stderr handler `verbose=True` adds to the `tuner` logger when logging is not set up.
+
+    It writes to whatever `sys.stderr` is when a record is emitted (redirections and pytest's capture included).
+    """
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+def _show_verbose_log() -> None:
+    """Make `verbose=True` visible without logging setup: with no handler anywhere on the `tuner` logger's
+    path (the root logger included), add one that writes `tuner: MESSAGE` lines to stderr at INFO. A
+    configured logging setup (any handler) is left alone: the decisions go where it sends INFO records."""
+    if log.hasHandlers():
+        if any(isinstance(h, _VerboseHandler) for h in log.handlers) and log.getEffectiveLevel() > logging.INFO:
+            log.setLevel(logging.INFO)
+        return
+    handler = _VerboseHandler()
+    handler.setFormatter(logging.Formatter("tuner: %(message)s"))
+    log.addHandler(handler)
+    if log.getEffectiveLevel() > logging.INFO:
+        log.setLevel(logging.INFO)
+
+
 def _log_decision(decision: Decision) -> None:
-    log.info("%s  %s#%d  %s -> %s  (%s)", decision.module, decision.op, decision.index,
+    log.info("%s  %s#%d  %s -> %s  (%s)", decision.module or "(root)", decision.op, decision.index,
              ",".join(decision.in_dtypes) or "-", decision.compute, decision.reason)
 
 
@@ -79,7 +110,9 @@ class autocast:
 
     `policy` is a preset name, a plan file (or output folder), a Plan or a Policy.
     `modules` maps a module path or glob to a dtype and wins over the op lists.
-    `verbose=True` logs every decision to the `tuner` logger; a callable gets each Decision.
+    `verbose=True` logs every decision to the `tuner` logger at INFO; when logging is not set up (no
+    handler), it adds a stderr handler so the lines show (`tuner: MODULE  OP#N  IN -> COMPUTE  (RULE)`).
+    A callable gets each Decision instead.
     `engine="auto"` uses torch.autocast itself when the policy is its own list and
     nothing needs per-call Python; `"python"` always uses mpt's engine.
     A plan that records another model's structure than `model` is refused.
@@ -100,6 +133,8 @@ class autocast:
             raise ConfigError(f"engine: expected auto, python or torch, found {engine!r}")
         self.policy, self.dtype = pol, lower
         verbose_fn = _log_decision if verbose is True else (verbose or None)
+        if verbose is True:
+            _show_verbose_log()
         plain = not mods and not instances and recorder is None and verbose_fn is None and not dry_run
         self.native = engine == "torch" or (engine == "auto" and plain and _native_ok(pol))
         if self.native:
@@ -140,7 +175,7 @@ def convert(opt_level: str | None = None, lower_list_path: str | Path | None = "
             dtype: str | torch.dtype = "bf16", preset: str | None = None) -> autocast:
     """Turn mixed precision on for the whole script, like `hmp.convert()`.
 
-    opt_level None uses the `hmp` preset (seed 000's defaults); "O1"/"O2" use
+    opt_level None uses the `hmp` preset (Habana HMP's default lists); "O1"/"O2" use
     `hmp-o1`/`hmp-o2`; `preset` picks any other. `lower_list_path` and
     `fp32_list_path` replace the lists (HMP's bf16_file_path/fp32_file_path).
     Wrap optimizer steps in `tuner.disable_casts()`. Undo with `tuner.revert()`.

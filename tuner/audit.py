@@ -8,6 +8,9 @@ FP32 run's output at the same call (everything upstream included), and
 run's inputs with the same precision decision. The FP32 values are copied as
 each op makes them, since a later in-place op (`relu_`, `+=`) would change
 them; an in-place op is replayed on its input as it was before it wrote it.
+`neutral` marks calls whose precision cannot change their result (views,
+reshapes, copies, dropout in eval: `tuner.opnames.is_neutral`); `top_records`
+ranks by the error a call adds itself and leaves those out.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from .engine import Decision
 from .flops import first_tensor, op_flops
 from .inputs import ModelInputs, float_leaves, map_tensors
 from .loader import call_forward
+from .opnames import is_neutral
 from .rules import Rule
 
 _LOWER_NAMES = {short_name(d) for d in LOWER_DTYPES}
@@ -46,10 +50,16 @@ class OpRecord:
     error: float | None
     local_error: float | None
     nonfinite: bool
+    neutral: bool = False  # its precision cannot change its result (a view, reshape, copy, eval dropout)
 
     @property
     def label(self) -> str:
         return f"{self.module or '(root)'}:{self.op}#{self.index}"
+
+    @property
+    def adds_error(self) -> bool:
+        """Whether the call can add error of its own: not a neutral op, unless it cast an input itself."""
+        return not self.neutral or self.casts > 0
 
 
 @dataclass(frozen=True)
@@ -149,6 +159,27 @@ class _Made:
         return (entry[2], *map_tensors(args[1:], _keep)), rest
 
 
+def _sortable(value: float | None) -> float:
+    """NaN (an overflow) ranks above everything, an unknown error below everything."""
+    if value is None:
+        return -1.0
+    return math.inf if math.isnan(value) else value
+
+
+def own_error_key(r: Any) -> tuple[float, float]:
+    """The order of `top_records`: the error the op adds itself (`local_error`), then the error it
+    carries (`error`), which also ranks calls that have no local error."""
+    own = r.local_error if r.local_error is not None else r.error
+    return _sortable(own), _sortable(r.error)
+
+
+def top_records(records: list[OpRecord], n: int) -> list[OpRecord]:
+    """The `n` calls that add the most error themselves, largest first. Numerically neutral calls
+    (`OpRecord.adds_error` false: views, reshapes, permutes, eval dropout) are left out: their
+    `local_error` is only the rounding of the input they were handed, which the op that made it added."""
+    return sorted((r for r in records if r.adds_error), key=own_error_key, reverse=True)[:n]
+
+
 def inspect_model(model: nn.Module, inputs: ModelInputs | tuple, policy: PolicyLike = "torch-cpu",
                   dtype: str | torch.dtype | None = None, *,
                   modules: Mapping[str, str] | None = None,
@@ -213,7 +244,7 @@ def inspect_model(model: nn.Module, inputs: ModelInputs | tuple, policy: PolicyL
             casts=d.casts, flops=op_flops(d.op, args, kwargs, out),
             error=relative_error(out, ref) if ref is not None else None,
             local_error=local_error(d, key, ref) if ref is not None else None,
-            nonfinite=not _all_finite(out)))
+            nonfinite=not _all_finite(out), neutral=is_neutral(d.op, args, kwargs)))
 
     with torch.no_grad(), autocast(policy, dtype, model=model, modules=modules, recorder=record_policy,
                                    engine="python"):

@@ -1,4 +1,4 @@
-"""Everything `mpt tune` writes into the output folder: plan, op lists, checkpoint, report, picture.
+"""Everything `mpt tune` writes into the output folder: plan, op lists, checkpoint, report, report.md, picture.
 
 The outputs are committed as a set: the old `plan.yaml` is removed first, every
 file is written into a staging folder inside the output folder, and the files
@@ -34,12 +34,13 @@ from .inputs import ModelInputs
 from .journal import INPUTS_NAME, JOURNAL_NAME
 from .plan import ModelRef, Plan
 from .policy import write_op_list
-from .shares import Shares
+from .shares import Shares, share_text
 from .tune import TuneResult, TuneStatus
 
 PLAN_NAME = "plan.yaml"
 # Written in this order; plan.yaml last.
-COMMITTED = ("lower_precision_ops.txt", "fp32_ops.txt", CHECKPOINT_NAME, "report.json", "search.html", PLAN_NAME)
+COMMITTED = ("lower_precision_ops.txt", "fp32_ops.txt", CHECKPOINT_NAME, "report.json", "search.html", "report.md",
+             PLAN_NAME)
 OUTPUT_FILES = COMMITTED + (JOURNAL_NAME, INPUTS_NAME)
 
 
@@ -57,51 +58,160 @@ def _op_type_lists(result: TuneResult) -> tuple[set[str], set[str]]:
     return lower - fp32, fp32
 
 
+def fmt_metric(value: float | None) -> str:
+    """A metric as every output writes it: 4 significant digits (`0.9852`), `-` for none."""
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _nice_ticks(lo: float, hi: float, n: int = 5) -> tuple[list[float], int]:
+    """Round tick values spanning [lo, hi] and the decimals that tell them apart."""
+    raw = (hi - lo) / max(1, n - 1)
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    first = math.ceil(lo / step) * step
+    ticks = [first + i * step for i in range(n + 2) if first + i * step <= hi + step * 1e-9]
+    return ticks, max(0, -math.floor(math.log10(step)) + (1 if step / mag == 2.5 else 0))
+
+
+def _front(pts: list[tuple[float, float]], lower_is_better: bool) -> list[tuple[float, float]]:
+    """The trade-off curve: trials no other trial beats on both share and metric, by share."""
+    better = (lambda a, b: a <= b) if lower_is_better else (lambda a, b: a >= b)  # noqa: E731
+    front = [p for p in pts if not any(q != p and q[0] >= p[0] and better(q[1], p[1]) for q in pts)]
+    return sorted(set(front))
+
+
 def _svg_plot(result: TuneResult) -> str:
-    pts = [(t.low_share, t.metric, t.passed, t.label) for t in result.trials if t.metric is not None
-           and math.isfinite(t.metric)]
-    w, h, pad = 640, 360, 50
-    metrics = [p[1] for p in pts] + [result.target, result.baseline]
+    """Metric against the lower-precision FLOP share: every trial numbered, the target, the chosen plan."""
+    trials = [t for t in result.trials if t.metric is not None and math.isfinite(t.metric)]
+    w, h, left, right, top, bottom = 760, 440, 78, 24, 56, 58
+    metrics = [t.metric for t in trials] + [result.target, result.baseline]
     lo, hi = min(metrics), max(metrics)
     if hi - lo < 1e-12:
-        lo, hi = lo - 1, hi + 1
+        lo, hi = lo - max(1e-3, abs(lo) * 0.01), hi + max(1e-3, abs(hi) * 0.01)
     span = hi - lo
-    lo, hi = lo - 0.05 * span, hi + 0.05 * span
-    x = lambda s: pad + s * (w - 2 * pad)  # noqa: E731
-    y = lambda m: h - pad - (m - lo) / (hi - lo) * (h - 2 * pad)  # noqa: E731
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">',
-             f'<rect x="{pad}" y="{pad}" width="{w - 2 * pad}" height="{h - 2 * pad}" fill="none" stroke="#888"/>',
-             f'<line x1="{pad}" x2="{w - pad}" y1="{y(result.target):.1f}" y2="{y(result.target):.1f}" '
-             f'stroke="#c00" stroke-dasharray="6,4"/>',
-             f'<text x="{w - pad - 4}" y="{y(result.target) - 4:.1f}" text-anchor="end" fill="#c00">target '
-             f'{result.target:.4g}</text>',
-             f'<text x="{w / 2}" y="{h - 12}" text-anchor="middle">share of op calls in lower precision</text>',
-             f'<text x="14" y="{h / 2}" transform="rotate(-90 14 {h / 2})" text-anchor="middle">metric</text>']
+    lo, hi = lo - 0.08 * span, hi + 0.08 * span
+    x = lambda s: left + s * (w - left - right)  # noqa: E731
+    y = lambda m: h - bottom - (m - lo) / (hi - lo) * (h - top - bottom)  # noqa: E731
+    ty = y(result.target)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" '
+             f'font-size="12" role="img" aria-label="metric against lower-precision FLOP share">',
+             f'<rect x="{left}" y="{top}" width="{w - left - right}" height="{h - top - bottom}" fill="#fcfcfc" '
+             'stroke="#888"/>']
+    ticks, decimals = _nice_ticks(lo, hi)
+    for val in ticks:
+        parts.append(f'<line x1="{left}" x2="{w - right}" y1="{y(val):.1f}" y2="{y(val):.1f}" stroke="#eee"/>'
+                     f'<text x="{left - 6}" y="{y(val) + 4:.1f}" text-anchor="end">{val:.{decimals}f}</text>')
     for frac in (0, 0.25, 0.5, 0.75, 1.0):
-        parts.append(f'<text x="{x(frac):.1f}" y="{h - pad + 14}" text-anchor="middle">{frac:.0%}</text>')
-    for val in (lo, (lo + hi) / 2, hi):
-        parts.append(f'<text x="{pad - 4}" y="{y(val) + 4:.1f}" text-anchor="end">{val:.4g}</text>')
-    for share, metric, passed, label in pts:
-        color = "#1a7f37" if passed else "#c00"
-        parts.append(f'<circle cx="{x(share):.1f}" cy="{y(metric):.1f}" r="5" fill="{color}" fill-opacity="0.7">'
-                     f'<title>{html.escape(label)}: {metric:.6g}</title></circle>')
+        parts.append(f'<line x1="{x(frac):.1f}" x2="{x(frac):.1f}" y1="{top}" y2="{h - bottom}" stroke="#eee"/>'
+                     f'<text x="{x(frac):.1f}" y="{h - bottom + 16}" text-anchor="middle">{frac:.0%}</text>')
+    parts += [f'<text x="{(left + w - right) / 2}" y="{h - 12}" text-anchor="middle">'
+              f'share of matmul/conv FLOPs in {html.escape(result.plan.dtype)}</text>',
+              f'<text x="18" y="{(top + h - bottom) / 2}" transform="rotate(-90 18 {(top + h - bottom) / 2})" '
+              'text-anchor="middle">metric</text>',
+              f'<line x1="{left}" x2="{w - right}" y1="{ty:.1f}" y2="{ty:.1f}" stroke="#c00" stroke-dasharray="6,4"/>',
+              # at the left, on the side away from the baseline: clear of the plans (right) and the baseline
+              f'<text x="{left + 28}" y="{ty + 15 if result.baseline >= result.target else ty - 6:.1f}" '
+              f'fill="#c00">target {fmt_metric(result.target)}</text>']
+    lower_is_better = bool(result.plan.metrics.get("lower_is_better")) if result.plan.metrics else False
+    front = _front([(t.shares.flop_share, t.metric) for t in trials if t.passed], lower_is_better)
+    if len(front) > 1:
+        path = " ".join(f"{x(sx):.1f},{y(m):.1f}" for sx, m in front)
+        parts.append(f'<polyline points="{path}" fill="none" stroke="#1a7f37" stroke-opacity="0.5" stroke-width="2"/>')
+    labels: dict[tuple[int, int], list[int]] = {}
+    for t in trials:
+        cx, cy = x(t.shares.flop_share), y(t.metric)
+        color = "#777" if t.baseline else "#1a7f37" if t.passed else "#c00"
+        if t.n == result.chosen:
+            parts.append(f'<path d="M{cx:.1f},{cy - 10:.1f} L{cx + 10:.1f},{cy:.1f} L{cx:.1f},{cy + 10:.1f} '
+                         f'L{cx - 10:.1f},{cy:.1f} Z" fill="none" stroke="#0550ae" stroke-width="2.5"/>')
+        parts.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="5" fill="{color}" fill-opacity="0.8">'
+                     f'<title>trial {t.n}: {html.escape(t.label)}; metric {fmt_metric(t.metric)}; '
+                     f'{t.shares.short()}</title></circle>')
+        labels.setdefault((round(cx), round(cy)), []).append(t.n)
+    for (cx, cy), ns in labels.items():
+        text = ",".join(map(str, ns)) if len(ns) <= 4 else f"{ns[0]}-{ns[-1]}"
+        anchor, dx = ("end", -12) if cx > w - right - 40 else ("start", 12)
+        parts.append(f'<text x="{cx + dx}" y="{cy - 9}" text-anchor="{anchor}" font-size="11">{text}</text>')
+    legend = [("#777", "circle", "FP32 baseline"), ("#1a7f37", "circle", "met the target"),
+              ("#c00", "circle", "missed the target"), ("#0550ae", "diamond", "chosen plan"),
+              ("#c00", "dash", "target")]
+    lx = left
+    for color, shape, text in legend:
+        if shape == "circle":
+            parts.append(f'<circle cx="{lx + 6}" cy="{top - 22}" r="5" fill="{color}" fill-opacity="0.8"/>')
+        elif shape == "diamond":
+            parts.append(f'<path d="M{lx + 6},{top - 30} L{lx + 14},{top - 22} L{lx + 6},{top - 14} '
+                         f'L{lx - 2},{top - 22} Z" fill="none" stroke="{color}" stroke-width="2.5"/>')
+        else:
+            parts.append(f'<line x1="{lx - 2}" x2="{lx + 16}" y1="{top - 22}" y2="{top - 22}" stroke="{color}" '
+                         'stroke-dasharray="6,4"/>')
+        parts.append(f'<text x="{lx + 20}" y="{top - 18}">{text}</text>')
+        lx += 30 + 7 * len(text)
     parts.append("</svg>")
     return "\n".join(parts)
 
 
+def _share(report: dict[str, Any]) -> str:
+    return share_text(report["low_precision_flop_share"], report["low_precision_call_share"], report["dtype"])
+
+
+def verdict(result: TuneResult, report: dict[str, Any]) -> str:
+    """One sentence: met or not, baseline -> tuned vs target, the share (tuner.shares), evaluations."""
+    share = _share(report)
+    if result.status is TuneStatus.MET:
+        head = (f"target met: baseline {fmt_metric(result.baseline)} -> tuned {fmt_metric(result.metric)} "
+                f"(target {fmt_metric(result.target)}), trial {result.chosen}")
+    else:
+        head = (f"target not met: no plan reached {fmt_metric(result.target)} (baseline "
+                f"{fmt_metric(result.baseline)}); the plan is all FP32")
+    return f"{head}; {share}; {len(result.plan.fp32_instances)} of {len(result.candidates)} op instances in FP32; " \
+           f"{result.evals} evaluations"
+
+
 def _html(result: TuneResult, report: dict[str, Any]) -> str:
-    rows = "\n".join(
-        f"<tr><td>{t.n}</td><td>{html.escape(t.label)}</td><td>{'' if t.metric is None else f'{t.metric:.6g}'}</td>"
-        f"<td>{'pass' if t.passed else 'fail'}</td><td>{t.low_share:.0%}</td><td>{t.seconds:.2f}</td>"
-        f"<td>{html.escape(t.error or '')}</td></tr>" for t in result.trials)
+    def row(t: Any) -> str:
+        verdict = "baseline" if t.baseline else "pass" if t.passed else "fail"
+        mark = ' class="chosen"' if t.n == result.chosen else ""
+        return (f"<tr{mark}><td>{t.n}</td><td>{html.escape(t.label)}{' (chosen)' if mark else ''}</td>"
+                f"<td>{fmt_metric(t.metric)}</td><td>{verdict}</td><td>{t.shares.short()}</td>"
+                f"<td>{t.seconds:.2f}</td><td>{html.escape(t.error or '')}</td></tr>")
+
+    rows = "\n".join(row(t) for t in result.trials)
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>mpt tune: search</title>
-<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:3px 8px}}</style>
+<style>body{{font-family:sans-serif;margin:2em;max-width:980px}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left}}tr.chosen{{background:#ddf4ff;font-weight:bold}}</style>
 </head><body><h1>mpt tune: {html.escape(report['dtype'])} search</h1>
-<p>Baseline {result.baseline:.6g}, target {result.target:.6g}, tuned {report['final_metric']}, {result.evals} full evaluations.
-Green: trial met the target; red: it did not. Dashed line: the target.</p>
+<p><b>{html.escape(verdict(result, report))}</b>.</p>
+<p>Each dot is one full evaluation, numbered as in the terminal and report.json (trials 1 and 2: the FP32
+baseline). Right is more of the model in {html.escape(report['dtype'])}; the green line joins the best plans
+that met the target.</p>
 {_svg_plot(result)}
-<h2>Trials</h2><table><tr><th>#</th><th>trial</th><th>metric</th><th>result</th><th>low-precision share</th><th>seconds</th><th>error</th></tr>
+<h2>Trials</h2><table><tr><th>#</th><th>trial</th><th>metric</th><th>result</th><th>lower-precision share</th>
+<th>seconds</th><th>error</th></tr>
 {rows}</table></body></html>"""
+
+
+def _markdown(result: TuneResult, report: dict[str, Any], out: Path) -> str:
+    """report.md: what a CI job posts as a pull-request comment."""
+    fp32 = report["fp32_instances"]
+    top = ", ".join(f"`{i}`" for i in fp32[:5]) + (f" and {len(fp32) - 5} more" if len(fp32) > 5 else "")
+    status = "✅ target met" if result.status is TuneStatus.MET else "❌ target not met"
+    lines = [f"### mpt tune: {report['dtype']} — {status}", "",
+             "| | |", "|---|---|",
+             f"| baseline → tuned | {fmt_metric(result.baseline)} → {fmt_metric(result.metric)} |",
+             f"| target | {fmt_metric(result.target)} |",
+             f"| in {report['dtype']} | {_share(report)} |",
+             f"| evaluations | {result.evals}" + (f" (chosen: trial {result.chosen})" if result.chosen else "") + " |",
+             f"| FP32 op instances | {len(fp32)} of {report['candidates']}" + (f": {top}" if fp32 else "") + " |"]
+    if report["latency_ms"]:
+        lat = report["latency_ms"]
+        lines.append(f"| forward | {lat['tuned']:.2f} ms vs {lat['fp32']:.2f} ms FP32 |")
+    if result.stopped:
+        lines.append(f"| cut short | {result.stopped.value} |")
+    lines += ["", *[f"> warning: {w}" for w in report["warnings"]], "",
+              "Load the tuned model:", "", "```python", "import tuner",
+              f'model = tuner.load(build_model(), "{out}")', "```", ""]
+    return "\n".join(lines)
 
 
 @contextlib.contextmanager
@@ -163,12 +273,17 @@ def _write_staged(result: TuneResult, stage: Path, out: Path, *, model: nn.Modul
         plan.save(stage / PLAN_NAME, header=header)
     warnings = list(result.warnings)
     timing = _latency(model, result, inputs, device, warnings) if latency else None
+    # the chosen trial's shares as measured under the final plan: the same numbers as the summary's
+    result = dataclasses.replace(result, trials=[dataclasses.replace(t, shares=planned.shares)
+                                                 if t.n == result.chosen else t for t in result.trials])
     report = _report(result, plan, planned.shares, timing, ckpt, warnings, time.monotonic() - t0)
     report["execution"] = _execution(model, plan)
     with _writing(out, "report.json"):
         atomic_write_text(stage / "report.json", json.dumps(report, indent=1, default=str) + "\n")
     with _writing(out, "search.html"):
         atomic_write_text(stage / "search.html", _html(result, report))
+    with _writing(out, "report.md"):
+        atomic_write_text(stage / "report.md", _markdown(result, report, out))
     return report
 
 
@@ -274,8 +389,8 @@ def _report(result: TuneResult, plan: Plan, shares: Shares, latency: dict[str, A
         "warnings": warnings,
         "candidates": len(result.candidates),
         "fp32_instances": [i.label() for i in plan.fp32_instances],
-        "low_precision_call_share": shares.call_share,
-        "low_precision_flop_share": shares.flop_share,
+        **shares.to_dict(),
+        "chosen_trial": result.chosen,
         "latency_ms": latency,
         "checkpoint": ckpt,
         "seconds": {"total": result.seconds + write_seconds, "evaluations": result.eval_seconds,
@@ -283,6 +398,7 @@ def _report(result: TuneResult, plan: Plan, shares: Shares, latency: dict[str, A
         "scores": result.scores,
         "plan": plan.to_dict(),
         "trials": [{"n": t.n, "label": t.label, "fp32": list(t.fp32), "metric": t.metric, "passed": t.passed,
-                    "baseline": t.baseline, "seconds": t.seconds, "low_share": t.low_share, "error": t.error,
+                    "baseline": t.baseline, "seconds": t.seconds,
+                    "low_precision_flop_share": t.shares.flop_share, "error": t.error,
                     "from_journal": t.from_journal} for t in result.trials],
     }

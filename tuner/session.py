@@ -39,6 +39,7 @@ from .policy import load_preset
 from .ranking import rank_exact, rank_gradient
 from .rules import Rule
 from .search import PrecisionSearch, Probe, SearchStopped
+from .shares import ShareCounter, Shares
 from .tune import EventKind, RankMethod, StopReason, Trial, TuneEvent, TuneOptions, TuneResult, TuneStatus
 
 BASELINE_KEY = "baseline#{n}"
@@ -101,6 +102,8 @@ class TuneSession:
         self.inputs: ModelInputs | None = None
         self.candidates: list[OpInstance] = []
         self.costs: dict[OpInstance, float] = {}
+        self.cand_flops: dict[OpInstance, int] = {}  # matmul/conv FLOPs of each candidate (tuner.flops)
+        self.all_low = Shares()  # the forward under the preset with every candidate lowered (find_candidates)
         self.scores: dict[OpInstance, float] = {}
         self.fp32_modules: dict[str, str] = {}  # modules torch.autocast cannot run here -> why
         self.total_calls = 1
@@ -178,13 +181,16 @@ class TuneSession:
             self.notes.append(f"module {path or '(root)'} stays FP32: torch.autocast cannot run it in "
                               f"{self.options.dtype} on this machine ({why})")
         decisions: list[Decision] = []
+        counter = ShareCounter()
 
         def record(d: Decision, func: Any, args: tuple, kwargs: dict, out: Any, *raw: Any) -> None:
+            counter.add(d, args, kwargs, out)
             # a neutral op that casts (a lower-list op rounding an FP32 input) does change the numbers
             if d.compute in _LOWER_NAMES and not d.forced and (d.casts > 0 or not is_neutral(d.op, args, kwargs)):
                 y = first_tensor(out)
                 cand = OpInstance(d.module, d.op, d.index)
-                self.costs[cand] = float(op_flops(d.op, args, kwargs, out) + (y.numel() if y is not None else 0))
+                self.cand_flops[cand] = op_flops(d.op, args, kwargs, out)
+                self.costs[cand] = float(self.cand_flops[cand] + (y.numel() if y is not None else 0))
             if d.compute != "-":
                 decisions.append(d)
 
@@ -194,6 +200,7 @@ class TuneSession:
                                  module_overrides={p: torch.float32 for p in self.fp32_modules}):
                 low_out = call_forward(model, inputs)
         self.candidates = list(self.costs)
+        self.all_low = counter.shares
         self.total_calls = max(1, len(decisions))
         self.emit(TuneEvent(EventKind.CANDIDATES,
                             f"{len(self.candidates)} op instances run in {self.options.dtype} under "
@@ -317,17 +324,18 @@ class TuneSession:
     def _evaluate(self, key: str, label: str, fp32: frozenset[OpInstance], *, baseline: bool = False) -> Trial:
         """Run (or read from the journal) one full evaluation; the only place `evaluate` is called."""
         labels = tuple(sorted(i.label() for i in fp32))
-        share = 0.0 if baseline else (len(self.candidates) - len(fp32)) / self.total_calls
+        share = Shares() if baseline else self.all_low.without(len(fp32), sum(self.cand_flops[c] for c in fp32))
         cached = self.journal.get(key) if self.journal else None
         if cached is not None:
             metric = None if cached.get("metric") is None else float(cached["metric"])
-            trial = Trial(len(self.trials), label, labels, metric, self._passes(metric, baseline),
+            trial = Trial(len(self.trials) + 1, label, labels, metric, self._passes(metric, baseline),
                           float(cached["seconds"]), share, cached.get("error"), True, baseline)
             return self._record(trial)
         if not baseline:
             self.ranks.decide(self._check_bounds)  # rank 0's clock and count stop every rank at once
+        self.emit(TuneEvent(EventKind.EVALUATING, label, done=len(self.trials) + 1))
         metric, error, secs = self._run_evaluate(fp32, baseline)
-        trial = Trial(len(self.trials), label, labels, metric, self._passes(metric, baseline), secs, share, error,
+        trial = Trial(len(self.trials) + 1, label, labels, metric, self._passes(metric, baseline), secs, share, error,
                       False, baseline)
         if self.journal:
             self.journal.append(key, {"metric": metric, "passed": trial.passed, "seconds": secs, "error": error,
@@ -370,8 +378,7 @@ class TuneSession:
         self.evals += 1
         self.eval_seconds += trial.seconds
         self.trials.append(trial)
-        if not trial.baseline:
-            self.emit(TuneEvent(EventKind.TRIAL, trial=trial, done=self.evals))
+        self.emit(TuneEvent(EventKind.TRIAL, trial=trial, done=trial.n))
         return trial
 
     # --- the answer ------------------------------------------------------------------------------------------
@@ -437,4 +444,5 @@ class TuneSession:
                           notes=notes, call_share=(len(self.candidates) - len(fp32_final)) / self.total_calls,
                           seconds=time.monotonic() - self.started, eval_seconds=self.eval_seconds,
                           user_seconds=self.user_seconds, inputs=self.inputs, warnings=list(self.warnings),
-                          noise=self.base.spread, rebuilds=self.keeper.rebuilds)
+                          noise=self.base.spread, rebuilds=self.keeper.rebuilds,
+                          chosen=best.n if best is not None else None)

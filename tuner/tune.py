@@ -19,6 +19,7 @@ from .errors import ConfigError
 from .journal import Journal
 from .plan import OpInstance, Plan
 from .policy import load_preset
+from .shares import Shares
 
 DEFAULT_PRESET = {"cpu": "torch-cpu", "cuda": "torch-cuda"}
 MIN_MAX_EVALS = 3  # the baseline twice (tuner.noise) + one trial
@@ -101,6 +102,7 @@ class EventKind(str, enum.Enum):
     BASELINE = "baseline"
     CANDIDATES = "candidates"
     RANK = "rank"
+    EVALUATING = "evaluating"  # a full evaluation starts: message is its label, done its trial number
     TRIAL = "trial"
     DONE = "done"
 
@@ -112,7 +114,12 @@ class RankMethod(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Trial:
-    """One full evaluation: the FP32 baseline (its samples) or a plan tried by the search."""
+    """One full evaluation: the FP32 baseline (its samples) or a plan tried by the search.
+
+    `n` counts from 1 in the order the evaluations ran: the baseline runs are
+    trials 1 and 2. `shares` is the trial's lower-precision share (tuner.shares;
+    zero for the baseline).
+    """
 
     n: int
     label: str
@@ -120,7 +127,7 @@ class Trial:
     metric: float | None
     passed: bool
     seconds: float
-    low_share: float
+    shares: Shares
     error: str | None = None
     from_journal: bool = False
     baseline: bool = False
@@ -158,6 +165,7 @@ class TuneResult:
     warnings: list[str] = field(default_factory=list)
     noise: float = 0.0  # the baseline's spread (0: a deterministic evaluate)
     rebuilds: int = 0  # how often evaluate changed the model and it was built again
+    chosen: int | None = None  # the number of the trial that confirmed the plan (None: not met)
 
 
 def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Module], Any],

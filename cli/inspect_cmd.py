@@ -3,16 +3,17 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-
-from tuner.audit import OpRecord
 
 from .common import guarded
 from .options import INSPECT, options
 from .render import console, fmt_err, is_tty
 from .tables import PIPED_WIDTH, Column, Shorten, plain_table, rich_table, rule_abbrev, rule_legend, wrap_line
+
+if TYPE_CHECKING:
+    from tuner.audit import OpRecord
 
 EPILOG = """\b
 Examples:

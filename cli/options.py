@@ -18,7 +18,7 @@ from click.core import ParameterSource
 from . import exitcodes
 from .render import err
 
-from tuner.tune import MIN_MAX_EVALS
+from tuner.limits import MIN_MAX_EVALS
 
 TUNE, INSPECT, CHECK, PRESETS = "tune", "inspect", "check", "presets"
 DTYPES = ("bf16", "fp16", "bfloat16", "float16", "half")

@@ -1,6 +1,7 @@
 """`mpt tune`: the accuracy-driven FP32-fallback search (thin wrapper over tuner.tune)."""
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -127,12 +128,32 @@ def tune_cmd(model_file: str | None, dtype: str, preset: str | None, tolerance: 
 
     Under torchrun every rank runs this and rank 0 decides, reports and writes (tuner.distributed).
     """
+    started = time.monotonic()  # --time-budget counts from here
+    # within a second, before torch is imported; under torchrun only rank 0 (by its environment) reports
+    render = _Renderer(quiet or os.environ.get("RANK", "0") != "0")
+    render.working(f"loading {model_file or 'the model'} ...")
+    try:
+        run, ranks, options = _tune(model_file, render, started, dtype=dtype, preset=preset, tolerance=tolerance,
+                                    absolute=absolute, lower_is_better=lower_is_better, max_evals=max_evals,
+                                    time_budget=time_budget, out_dir=out_dir, resume=resume, overwrite=overwrite,
+                                    device=device, thorough=thorough, latency=latency, rank=rank, model_fn=model_fn,
+                                    eval_fn=eval_fn, inputs_fn=inputs_fn)
+    finally:
+        render.stop()
+    code = _summarize(run, options, quiet) if ranks.is_main else None
+    click.get_current_context().exit(ranks.finish(code))  # under torchrun every rank ends with rank 0's code
+
+
+def _tune(model_file: str | None, render: "_Renderer", started: float, *, dtype: str, preset: str | None,
+          tolerance: float, absolute: bool, lower_is_better: bool, max_evals: int | None, time_budget: float | None,
+          out_dir: str, resume: bool, overwrite: bool, device: str, thorough: bool, latency: bool, rank: str,
+          model_fn: str | None, eval_fn: str | None, inputs_fn: str | None) -> tuple[Any, Any, Any]:
+    """Options -> ranks -> the user's file -> the run; (TuneRun, Ranks, TuneOptions). Imports torch."""
     from tuner.errors import ConfigError
     from tuner.loader import load_user_model
     from tuner.run import tune_into_folder
     from tuner.tune import TuneOptions
 
-    started = time.monotonic()  # --time-budget counts from here
     if not model_file:
         raise ConfigError("missing MODEL.py: give it as the argument or as `model:` in --config")
     if resume and overwrite:
@@ -140,20 +161,13 @@ def tune_cmd(model_file: str | None, dtype: str, preset: str | None, tolerance: 
     options = TuneOptions(dtype=dtype, preset=preset, tolerance=tolerance, absolute=absolute,
                           lower_is_better=lower_is_better, max_evals=max_evals, time_budget=time_budget,
                           device=device, thorough=thorough, rank=rank)
-    ctx = click.get_current_context()
-    ranks = join_ranks(ctx, device)  # before the user's code, which may use torch.distributed on import
-    render = _Renderer(quiet or not ranks.is_main)
-    render.working(f"loading {model_file} ...")  # within a second: the user's imports may take a while
-    try:
-        user = load_user_model(model_file, model=model_fn, eval=eval_fn, inputs=inputs_fn)
-        render.working("building the model and evaluating the FP32 baseline ...")
-        run = tune_into_folder(user, options, out_dir, resume=resume, overwrite=overwrite,
-                               specs={"build": model_fn, "eval": eval_fn, "inputs": inputs_fn},
-                               on_event=render, started=started, latency=latency, ranks=ranks)
-    finally:
-        render.stop()
-    code = _summarize(run, options, quiet) if ranks.is_main else None
-    ctx.exit(ranks.finish(code))  # under torchrun every rank ends with rank 0's exit code
+    ranks = join_ranks(click.get_current_context(), device)  # before the user's code (torch.distributed on import)
+    user = load_user_model(model_file, model=model_fn, eval=eval_fn, inputs=inputs_fn)
+    render.working("building the model and evaluating the FP32 baseline ...")
+    run = tune_into_folder(user, options, out_dir, resume=resume, overwrite=overwrite,
+                           specs={"build": model_fn, "eval": eval_fn, "inputs": inputs_fn},
+                           on_event=render, started=started, latency=latency, ranks=ranks)
+    return run, ranks, options
 
 
 def _summarize(run: Any, options: Any, quiet: bool) -> int:

@@ -17,12 +17,12 @@ from torch import nn
 from .dtypes import parse_dtype, short_name
 from .errors import ConfigError
 from .journal import Journal
+from .limits import MIN_MAX_EVALS
 from .plan import OpInstance, Plan
 from .policy import load_preset
 from .shares import Shares
 
 DEFAULT_PRESET = {"cpu": "torch-cpu", "cuda": "torch-cuda"}
-MIN_MAX_EVALS = 3  # the baseline twice (tuner.noise) + one trial
 
 
 @dataclass(frozen=True)

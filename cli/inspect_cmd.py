@@ -24,8 +24,7 @@ Examples:
   mpt inspect --config configs/digits_sensor.yaml
 """
 
-TOP_TITLE = ("the {n} op calls that add the most error themselves (local error; views, reshapes, copies "
-             "and eval dropout left out)")
+TOP_TITLE = "top {n} by own error (views, copies, eval dropout left out)"
 
 # Shrinking order when a table is too wide: module paths first (down to 16), then op names, the dtypes,
 # and module paths again; the rule (short names) and error columns keep their width.

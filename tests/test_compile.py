@@ -6,6 +6,7 @@ op its FP32 modules call.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 from pathlib import Path
@@ -177,6 +178,25 @@ def test_detach_restores_every_forward(zoo):
     own = model.head.forward = lambda x: torch.zeros(x.shape[0], 10)  # the user's own patch survives detach
     tuner.detach(tuner.attach(model, plan))
     assert model.head.__dict__["forward"] is own
+
+
+@pytest.mark.parametrize("how", ["python", "scoped"])
+def test_detach_restores_the_engine_paths_too(zoo, how):
+    build, inputs, plan = case("resnet18", zoo)
+    if how == "scoped":
+        plan = Plan(fp32_instances=plan.fp32_instances, modules=(("layer1", "fp16"),))
+    model = build()
+    with torch.no_grad():
+        before = inputs.call(model)
+    own = model.forward = functools.partial(type(model).forward, model)  # a user's own instance forward
+    tuner.attach(model, plan, engine="python" if how == "python" else "auto")
+    assert tuner.attached(model).path is ExecutionPath(how)
+    tuner.detach(model)
+    assert tuner.attached(model) is None and model.__dict__["forward"] is own
+    assert not any("forward" in m.__dict__ for m in model.modules() if m is not model)
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())  # the scoped path's hooks
+    with torch.no_grad():
+        assert torch.equal(inputs.call(model), before)
 
 
 def test_loaded_checkpoint_runs_natively(tmp_path, zoo):

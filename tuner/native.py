@@ -18,8 +18,8 @@ lower-precision op its FP32 modules call and this realization runs exactly
 the plan. A hand-written plan that names one call of a module that calls
 others runs all of that module's own ops in FP32 here (`engine="python"`
 keeps per-call granularity). Plans that regions cannot express (another
-lower dtype for a module, replaced op lists, non-torch presets) return None
-from `realize` and run under mpt's engine.
+lower dtype for a module, replaced op lists, non-torch presets) get a reason
+string from `realize` instead and run under mpt's engine.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ class ExecutionPath(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Execution:
-    """What `tuner.execution(model)` reports about an attached plan."""
+    """What `tuner.attached(model)` reports about an attached plan."""
 
     path: ExecutionPath
     device: str | None = None  # torch.autocast's device type on the native path
@@ -60,7 +60,7 @@ class Execution:
             parts = [f"{len(self.fp32_islands)} FP32 island(s)"] if self.fp32_islands else []
             parts += [f"{len(self.fp32_subtrees)} FP32 subtree(s)"] if self.fp32_subtrees else []
             extra = f" with {', '.join(parts)}" if parts else ""
-            return f"native: torch.autocast({self.device}, {str(self.dtype).replace('torch.', '')}){extra}"
+            return f"native: torch.autocast({self.device}, {short(self.dtype)}){extra}"
         if self.path is ExecutionPath.SCOPED:
             return f"scoped: torch.autocast, mpt's engine in {len(self.python_modules)} module(s) ({self.reason})"
         return f"python: mpt's engine for every op ({self.reason})"

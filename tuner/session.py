@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .api import attach, detach
+from .api import attach, autocast, detach
 from .audit import relative_error
 from .dtypes import LOWER_DTYPES, parse_dtype, short_name
 from .engine import Decision, PrecisionEngine
@@ -106,7 +106,6 @@ class TuneSession:
         self.all_low = Shares()  # the forward under the preset with every candidate lowered (find_candidates)
         self.scores: dict[OpInstance, float] = {}
         self.fp32_modules: dict[str, str] = {}  # modules torch.autocast cannot run here -> why
-        self.total_calls = 1
         self._memo: dict[frozenset[int], Probe] = {}
         self._recorder: _InputRecorder | None = None
         self._search_best: frozenset[int] | None = None
@@ -180,7 +179,6 @@ class TuneSession:
         for path, why in self.fp32_modules.items():
             self.notes.append(f"module {path or '(root)'} stays FP32: torch.autocast cannot run it in "
                               f"{self.options.dtype} on this machine ({why})")
-        decisions: list[Decision] = []
         counter = ShareCounter()
 
         def record(d: Decision, func: Any, args: tuple, kwargs: dict, out: Any, *raw: Any) -> None:
@@ -191,8 +189,6 @@ class TuneSession:
                 cand = OpInstance(d.module, d.op, d.index)
                 self.cand_flops[cand] = op_flops(d.op, args, kwargs, out)
                 self.costs[cand] = float(self.cand_flops[cand] + (y.numel() if y is not None else 0))
-            if d.compute != "-":
-                decisions.append(d)
 
         with torch.no_grad():
             self.ref_out = call_forward(model, inputs)
@@ -201,7 +197,6 @@ class TuneSession:
                 low_out = call_forward(model, inputs)
         self.candidates = list(self.costs)
         self.all_low = counter.shares
-        self.total_calls = max(1, len(decisions))
         self.emit(TuneEvent(EventKind.CANDIDATES,
                             f"{len(self.candidates)} op instances run in {self.options.dtype} under "
                             f"{self.options.preset} and change the numbers; all-{self.options.dtype} output error "
@@ -406,10 +401,8 @@ class TuneSession:
                     and all(t == "fp32" for t in d.in_dtypes):
                 idle.add(inst)
 
-        plan = self._plan(frozenset(fp32))
-        with torch.no_grad(), PrecisionEngine(self.policy, self.dtype, root=self.keeper.model, recorder=record,
-                                              module_overrides=plan.module_overrides(),
-                                              instance_overrides=plan.instance_overrides()):
+        with torch.no_grad(), autocast(self._plan(frozenset(fp32)), model=self.keeper.model, recorder=record,
+                                       engine="python"):
             call_forward(self.keeper.model, self.inputs)
         self.keeper.restore()
         return idle
@@ -441,7 +434,7 @@ class TuneSession:
         return TuneResult(plan=plan, status=status, baseline=self.base.value, target=self.accept.target,
                           metric=metric, trials=self.trials, evals=self.evals, stopped=self.stopped,
                           candidates=self.candidates, scores={c.label(): s for c, s in self.scores.items()},
-                          notes=notes, call_share=(len(self.candidates) - len(fp32_final)) / self.total_calls,
+                          notes=notes,
                           seconds=time.monotonic() - self.started, eval_seconds=self.eval_seconds,
                           user_seconds=self.user_seconds, inputs=self.inputs, warnings=list(self.warnings),
                           noise=self.base.spread, rebuilds=self.keeper.rebuilds,

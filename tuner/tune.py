@@ -157,7 +157,6 @@ class TuneResult:
     candidates: list[OpInstance]
     scores: dict[str, float]
     notes: list[str] = field(default_factory=list)
-    call_share: float = 0.0
     seconds: float = 0.0
     eval_seconds: float = 0.0
     user_seconds: float = 0.0  # the user's build() and example_inputs(), besides evaluate

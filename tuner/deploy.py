@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from .api import _native_ok, attach, detach
-from .errors import DeployError
+from .errors import DeployError, exc_line
 from .inputs import ModelInputs
 from .plan import Plan
 
@@ -53,7 +53,7 @@ def autocast_failures(model: nn.Module, inputs: ModelInputs | tuple, plan: Plan,
         if failure is None:
             return found
         path, exc = failure
-        reason = _one_line(exc)
+        reason = exc_line(exc, limit=200)
         problem = _unfixable(path, found, max_modules)
         if problem:
             raise DeployError(f"the tuned plan cannot run on this machine once loaded (tuner.load runs it under "
@@ -144,10 +144,3 @@ class _ModuleStack:
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
-
-
-def _one_line(exc: BaseException, limit: int = 200) -> str:
-    text = (str(exc).strip().splitlines() or [""])[0]
-    if len(text) > limit:
-        text = text[:limit - 3] + "..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

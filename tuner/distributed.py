@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Callable, NoReturn, TypeVar
 
 import torch
 
-from .errors import ConfigError, UserCodeError
+from .errors import ConfigError, UserCodeError, exc_line
 
 if TYPE_CHECKING:
     from .inputs import ModelInputs
@@ -118,11 +118,6 @@ def env_timeout() -> float:
     if not math.isfinite(seconds) or seconds <= 0:
         raise ConfigError(f"{TIMEOUT_ENV}={value!r}: expected seconds > 0")
     return seconds
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 class Ranks:
@@ -239,7 +234,7 @@ class Ranks:
             posted = self._posted()
             if posted is not None:  # another rank failed first: end as it says
                 self._follow(posted)
-            raise RankLost(f"rank {self.rank}: lost contact with the other ranks ({_one_line(exc)}); one of them "
+            raise RankLost(f"rank {self.rank}: lost contact with the other ranks ({exc_line(exc)}); one of them "
                            f"was killed, ran out of memory, or took longer than {self.timeout:g} s "
                            f"({TIMEOUT_ENV})", original=exc) from exc
 
@@ -266,7 +261,7 @@ class Ranks:
                 misses += 1
                 if misses < _LOST_POLLS or self._stop.is_set():
                     continue
-                posted = Abort(lost_code, self.rank, f"lost contact with rank 0 ({_one_line(exc)}); all ranks "
+                posted = Abort(lost_code, self.rank, f"lost contact with rank 0 ({exc_line(exc)}); all ranks "
                                                      "stopped", lost=True)
             if posted is not None:
                 self._follow(posted)
@@ -363,7 +358,7 @@ def _join(rank: int, size: int, device: str, seconds: float) -> tuple[Any, tuple
             owns.append(group)
     except (RuntimeError, ValueError) as exc:
         raise RankLost(f"rank {rank}: could not join the other {size - 1} rank(s) within {seconds:g} s "
-                       f"({_one_line(exc)}); are they all started, with the same MASTER_ADDR and MASTER_PORT?",
+                       f"({exc_line(exc)}); are they all started, with the same MASTER_ADDR and MASTER_PORT?",
                        original=exc) from exc
     if dist.get_world_size() != size or dist.get_rank() != rank:
         raise ConfigError(f"the process group is rank {dist.get_rank()} of {dist.get_world_size()}, "

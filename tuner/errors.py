@@ -76,3 +76,11 @@ class Interrupted(BaseException):
     the user's code does not swallow it. The tune session treats both the same:
     it stops and keeps the best plan confirmed so far.
     """
+
+
+def exc_line(exc: BaseException, limit: int | None = None) -> str:
+    """`Type: first line of the message` (shortened to `limit` characters), for one-line reports of torch errors."""
+    text = (str(exc).strip().splitlines() or [""])[0]
+    if limit is not None and len(text) > limit:
+        text = text[:limit - 3] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -119,8 +119,8 @@ def runner(path: Path, out: Path, rounds: int, block: float) -> dict:
 
     import tuner
     from _common import interleaved, set_budget, spread
-    from tuner.audit import relative_error
-    from tuner.inputs import ModelInputs
+    from tuner.measure.inspection import relative_error
+    from tuner.core.inputs import ModelInputs
 
     mod = _import_model_file(path)
     inputs = ModelInputs.of(mod.example_inputs())
@@ -199,7 +199,7 @@ def _exported(model, inputs, eager_out) -> dict:
 
 
 def _max_diff(a, b) -> float:
-    from tuner.inputs import float_leaves
+    from tuner.core.inputs import float_leaves
 
     la, lb = float_leaves(a), float_leaves(b)
     return max(((x.float() - y.float()).abs().max().item() for x, y in zip(la, lb)), default=0.0)
@@ -209,7 +209,7 @@ def _max_diff(a, b) -> float:
 def _tuned(m, work: Path, env: dict) -> Path:
     out = work / m.name
     if not (out / "plan.yaml").is_file():
-        subprocess.run([sys.executable, "-m", "cli", "tune", str(ZOO_DIR / m.file), *m.flags(), "--out", str(out),
+        subprocess.run([sys.executable, "-m", "mpt_cli", "tune", str(ZOO_DIR / m.file), *m.flags(), "--out", str(out),
                         "--overwrite", "--quiet", "--no-latency"], env=env, check=True, cwd=HERE.parent)
     return out
 

@@ -2,7 +2,7 @@
 
 Not a test (the suite does not run it): a report. Each case gets a fresh temp
 folder, writes the model files / configs / op lists it needs there, runs
-`python -m cli ...` from the repository root (PYTHONUNBUFFERED=1) and records
+`python -m mpt_cli ...` from the repository root (PYTHONUNBUFFERED=1) and records
 the exit code, the wall time and the first line of stderr (of stdout when
 stderr is empty). The Markdown table goes to stdout, followed by the cases
 whose exit code differs from the one the case expects. Progress goes to
@@ -199,7 +199,7 @@ class Ctx:
 
     def mpt(self, *args: str, expect: int | None = 0) -> Run:
         """Run `mpt ARGS` to completion as part of a setup; a different exit code fails the setup."""
-        run = run_process([PY, "-m", "cli", *self.fmt(args)], self.env, self.timeout)
+        run = run_process([PY, "-m", "mpt_cli", *self.fmt(args)], self.env, self.timeout)
         if expect is not None and run.rc != expect:
             first = first_line(run.stderr or run.stdout)
             raise SetupFailed(f"setup `mpt {' '.join(args[:2])}` exited {run.rc}: {first}")
@@ -207,7 +207,7 @@ class Ctx:
 
     def spawn(self, *args: str) -> subprocess.Popen:
         """Start `mpt ARGS` in the background (killed when the case ends)."""
-        proc = subprocess.Popen([PY, "-m", "cli", *self.fmt(args)], cwd=ROOT, env=self.env,
+        proc = subprocess.Popen([PY, "-m", "mpt_cli", *self.fmt(args)], cwd=ROOT, env=self.env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 start_new_session=True, preexec_fn=_child_signals)
         self.background.append(proc)
@@ -541,7 +541,7 @@ def _full(*a, **k):
     raise OSError(errno.ENOSPC, 'No space left on device')
 st.save_file = _full
 sys.argv[0] = 'mpt'
-from cli.main import main
+from mpt_cli.main import main
 main(prog_name='mpt')
 """
 
@@ -773,7 +773,7 @@ def build_model():
 
     # --- disk --------------------------------------------------------------------------------------------------------
     add(Case("disk: ENOSPC while writing model.safetensors", tune(), 2, M,
-             cmd=[PY, "-c", ENOSPC_WRAPPER], shown="python -c '<save_file raises ENOSPC; cli.main.main()>'",
+             cmd=[PY, "-c", ENOSPC_WRAPPER], shown="python -c '<save_file raises ENOSPC; mpt_cli.main.main()>'",
              note=no_plan_note))
 
     # --- noise -------------------------------------------------------------------------------------------------------
@@ -839,7 +839,7 @@ def run_case(case: Case, timeout: float) -> dict:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **case.env}
     ctx = Ctx(tmp, timeout, env)
     argv = ctx.fmt(case.argv)
-    cmd = [*(case.cmd or [PY, "-m", "cli"]), *argv]
+    cmd = [*(case.cmd or [PY, "-m", "mpt_cli"]), *argv]
     shown = (case.shown or "mpt") + " " + " ".join(shlex.quote(a) for a in argv)
     row = {"case": case.name, "command": cell(shown, tmp), "expect": case.expect}
     try:

@@ -48,18 +48,18 @@ from _common import machine_line, table  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from tuner.engine import PrecisionEngine  # noqa: E402
-from tuner.inputs import ModelInputs  # noqa: E402
-from tuner.opnames import is_neutral  # noqa: E402
-from tuner.plan import OpInstance  # noqa: E402
-from tuner.policy import load_preset  # noqa: E402
+from tuner.engine.function_mode import PrecisionEngine  # noqa: E402
+from tuner.core.inputs import ModelInputs  # noqa: E402
+from tuner.policy.opnames import is_neutral  # noqa: E402
+from tuner.policy.plan import OpInstance  # noqa: E402
+from tuner.policy.presets import load_preset  # noqa: E402
 
 DIM, BATCH = 64, 32
 
 
 def load_ranking(path: str | None) -> Any:
     if not path:
-        import tuner.ranking as mod
+        import tuner.measure.ranking as mod
         return mod
     spec = importlib.util.spec_from_file_location("ranking_under_test", path)
     assert spec is not None and spec.loader is not None

@@ -65,11 +65,11 @@ from _common import machine_line, pass_fail, table  # noqa: E402
 import torch  # noqa: E402
 
 import tuner  # noqa: E402
-from tuner.plan import OpInstance, Plan  # noqa: E402
-from tuner.noise import Acceptance  # noqa: E402
-from tuner.search import PrecisionSearch  # noqa: E402
+from tuner.policy.plan import OpInstance, Plan  # noqa: E402
+from tuner.search.noise import Acceptance  # noqa: E402
+from tuner.search.strategy import PrecisionSearch  # noqa: E402
 from tuner.testing import PlantedTask  # noqa: E402
-from tuner.tune import TuneOptions, tune  # noqa: E402
+from tuner.search.types import TuneOptions, tune  # noqa: E402
 
 NS = (16, 64, 256)
 KS = (1, 2, 4)
@@ -78,7 +78,7 @@ INC_MAX_TRIALS = 100
 
 
 def bound(n: int, k: int) -> int:
-    return k * math.ceil(math.log2(n / k)) + 4  # + the baseline's second run (tuner.noise)
+    return k * math.ceil(math.log2(n / k)) + 4  # + the baseline's second run (tuner.search.noise)
 
 
 def lower_bound(n: int, k: int) -> int:

@@ -3,14 +3,14 @@
     .venv/bin/python benchmarks/tuned_speed.py [--rounds 7] [--block 0.25] [--quick]
 
 (a) Checkpoint size. An all-bf16 plan (Plan(dtype="bf16", preset="torch-cpu"),
-    no fallbacks) saved with tuner.checkpoint.save_checkpoint: file bytes vs
+    no fallbacks) saved with tuner.report.checkpoint.save_checkpoint: file bytes vs
     the FP32 state dict's bytes (fp32_bytes). Models: the TransformerEncoder of
     engine_overhead.py, a small VGG-style CNN (benchmarks/_common.py), and
     examples/digits_cnn.py when present. Target: <= 52%.
 
 (b) Loaded-model latency. The output folder (plan.yaml via Plan.save,
     model.safetensors via save_checkpoint) is loaded into a freshly built FP32
-    model with tuner.checkpoint.load (engine "auto") and timed against
+    model with tuner.report.checkpoint.load (engine "auto") and timed against
     `with torch.autocast("cpu", torch.bfloat16): fp32_model(x)`, interleaved
     (see engine_overhead.py; median of R rounds). Also shown: the FP32 model,
     and the FP32 model with the plan attached (tuner.attach, no pre-cast
@@ -46,10 +46,10 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import tuner  # noqa: E402
-from tuner.checkpoint import CHECKPOINT_NAME, load, save_checkpoint  # noqa: E402
-from tuner.plan import Plan  # noqa: E402
+from tuner.report.checkpoint import CHECKPOINT_NAME, load, save_checkpoint  # noqa: E402
+from tuner.policy.plan import Plan  # noqa: E402
 from tuner.testing import PlantedTask  # noqa: E402
-from tuner.tune import TuneOptions, tune  # noqa: E402
+from tuner.search.types import TuneOptions, tune  # noqa: E402
 
 SIZE_TARGET = 0.52
 OVERHEAD_TARGET = 0.20

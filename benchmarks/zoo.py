@@ -294,7 +294,7 @@ def bench_model(m: ZooModel, args, work: Path, env: dict) -> Row:
               f"peak RSS {row.fp32['maxrss_kib'] / 1024:.0f} MiB")
 
     # 2. mpt tune through the CLI
-    cmd = [sys.executable, "-m", "cli", "tune", str(path), *m.flags(), "--out", str(out), "--overwrite", "--quiet"]
+    cmd = [sys.executable, "-m", "mpt_cli", "tune", str(path), *m.flags(), "--out", str(out), "--overwrite", "--quiet"]
     if args.time_budget:
         cmd += ["--time-budget", str(args.time_budget)]
     limit = (args.time_budget or args.child_timeout) + 120

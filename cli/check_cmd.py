@@ -1,6 +1,6 @@
 """`mpt check DIR`: does a committed plan still meet its target? The gate a CI pipeline runs.
 
-The decisions are `tuner.check.check_plan`'s; this module parses the options
+The decisions are `tuner.jobs.check_run.check_plan`'s; this module parses the options
 and renders the outcome as a verdict line, JSON, or a JUnit XML report.
 """
 from __future__ import annotations
@@ -52,8 +52,8 @@ def check_cmd(out_dir: str | None, model_file: str | None, device: str, toleranc
     noise still passes. Run it in CI after a model or data change: it fails
     when the change broke the plan.
     """
-    from tuner.check import check_plan, junit_xml, write_junit
-    from tuner.errors import ConfigError, MptError
+    from tuner.core.errors import ConfigError, MptError
+    from tuner.jobs.check_run import check_plan, junit_xml, write_junit
 
     if not out_dir:
         raise ConfigError("missing DIR: give the plan folder as the argument or as `out:` in --config")

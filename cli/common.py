@@ -6,16 +6,25 @@ import re
 import signal
 import sys
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
+
+from tuner.core.errors import (
+    ConfigError,
+    DeployError,
+    DeviceError,
+    Interrupted,
+    MptError,
+    OutputError,
+    PlanMismatchError,
+    UserCodeError,
+)
 
 from . import exitcodes
 from .options import command_values, display_names, schema
 from .render import err
-
-from tuner.errors import (ConfigError, DeployError, DeviceError, Interrupted, MptError, OutputError, PlanMismatchError,
-                          UserCodeError)
 
 _KEY = re.compile(r"[a-z][a-z0-9_]*")
 _QUOTED = re.compile(r"`([a-z][a-z0-9_]*)`")
@@ -52,7 +61,7 @@ def message(exc: MptError, command: click.Command | None = None) -> str:
     if not isinstance(exc, ConfigError):
         return spell(str(exc))
     problems = []
-    for problem, subject in zip(exc.errors, exc.fields):
+    for problem, subject in zip(exc.errors, exc.fields, strict=False):
         if subject and problem.startswith(subject + ":"):
             problem = _KEY.sub(lambda m: names.get(m.group(), m.group()), subject) + problem[len(subject):]
         problems.append(spell(problem))
@@ -61,7 +70,7 @@ def message(exc: MptError, command: click.Command | None = None) -> str:
 
 def check_command_options(ctx: click.Context) -> None:
     """The library's checks on the values given on the command line (a --config file was checked on load)."""
-    from tuner.config import check_options
+    from tuner.options.config import check_options
 
     values, given = command_values(ctx)
     if values:
@@ -69,12 +78,12 @@ def check_command_options(ctx: click.Context) -> None:
 
 
 def join_ranks(ctx: click.Context, device: str) -> Any:
-    """The torchrun ranks this command runs on (tuner.distributed.Ranks; one process without torchrun).
+    """The torchrun ranks this command runs on (tuner.search.distributed.Ranks; one process without torchrun).
 
     Kept in the context so a failure on this rank stops them all (`guarded`), and watched so a failure on
     another rank ends this one with the same exit code, reported once by rank 0.
     """
-    from tuner.distributed import Ranks
+    from tuner.search.distributed import Ranks
 
     ranks = Ranks.from_env(device)
     ctx.ensure_object(dict)["ranks"] = ranks
@@ -83,7 +92,7 @@ def join_ranks(ctx: click.Context, device: str) -> Any:
 
 
 def _report_abort(abort: Any) -> None:
-    """Rank 0's one report of the failure that stopped every rank (tuner.distributed.Abort)."""
+    """Rank 0's one report of the failure that stopped every rank (tuner.search.distributed.Abort)."""
     err(f"rank {abort.rank}: {abort.message} (all ranks stopped)")
     for note in abort.notes:
         print(note, file=sys.stderr)
@@ -100,7 +109,7 @@ def _fail(ctx: click.Context, code: int, text: str, notes: tuple[str, ...] = (),
         if trace is not None:
             trace()
         ranks.abort(code, text, notes, report=_report_abort)
-    from tuner.distributed import is_follower_by_env
+    from tuner.search.distributed import is_follower_by_env
 
     if not is_follower_by_env():  # the same error on every torchrun rank: rank 0 says it
         err(text)

@@ -13,7 +13,7 @@ from .render import console, fmt_err, is_tty
 from .tables import PIPED_WIDTH, Column, Shorten, plain_table, rich_table, rule_abbrev, rule_legend, wrap_line
 
 if TYPE_CHECKING:
-    from tuner.audit import OpRecord
+    from tuner.measure.inspection import OpRecord
 
 EPILOG = """\b
 Examples:
@@ -73,9 +73,9 @@ def inspect_cmd(model_file: str | None, preset: str | None, plan_path: str | Non
     characters when piped). The summary gives the share of op calls and of
     matmul/conv FLOPs that ran in the lower precision and the casts inserted.
     """
-    from tuner.audit import inspect_model, top_records
-    from tuner.errors import ConfigError
-    from tuner.loader import load_user_model
+    from tuner.core.errors import ConfigError
+    from tuner.core.loader import load_user_model
+    from tuner.measure.inspection import inspect_model, top_records
 
     if not model_file:
         raise ConfigError("missing MODEL.py: give it as the argument or as `model:` in --config")
@@ -103,7 +103,7 @@ def inspect_cmd(model_file: str | None, preset: str | None, plan_path: str | Non
     model = user.build().eval()  # as mpt tune and mpt check run it: no dropout, BatchNorm's running stats
     policy: Any = plan_path if plan_path else (preset or "torch-cpu")
     if lower_list or fp32_list:
-        from tuner.policy import custom_policy, load_preset, read_op_list
+        from tuner.policy.presets import custom_policy, load_preset, read_op_list
 
         problems: list[str] = []
         lists: dict[str, list[str] | None] = {"lower": None, "fp32": None}

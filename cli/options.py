@@ -5,20 +5,21 @@ positional argument has a key too (`MODEL.py` <-> `model`, `mpt check`'s
 `DIR` <-> `out`). Each click parameter built here carries its key, and
 `config_schema` reads the keys, kinds, choices and lower bounds back from the
 commands' click parameters, so a config key cannot mean something other than
-its flag. The checks themselves live in `tuner.config`: click only parses.
+its flag. The checks themselves live in `tuner.options.config`: click only parses.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import click
 from click.core import ParameterSource
 
+from tuner.core.limits import MIN_MAX_EVALS
+
 from . import exitcodes
 from .render import err
-
-from tuner.limits import MIN_MAX_EVALS
 
 TUNE, INSPECT, CHECK, PRESETS = "tune", "inspect", "check", "presets"
 DTYPES = ("bf16", "fp16", "bfloat16", "float16", "half")
@@ -26,7 +27,7 @@ DEVICES = ("cpu", "cuda")
 
 
 class Kind(click.ParamType):
-    """A string whose checks belong to the library (`tuner.config` kinds): the CLI passes it on."""
+    """A string whose checks belong to the library (`tuner.options.config` kinds): the CLI passes it on."""
 
     def __init__(self, kind: str) -> None:
         self.name = kind
@@ -36,7 +37,7 @@ class Kind(click.ParamType):
 
 
 class Bounded(click.ParamType):
-    """An int or float with a lower bound; `tuner.config` enforces the bound for flags and config keys alike."""
+    """An int or float with a lower bound; `tuner.options.config` enforces the bound for flags and config keys alike."""
 
     def __init__(self, kind: str, minimum: float, *, exclusive: bool = False) -> None:
         self.name, self.minimum, self.exclusive = kind, minimum, exclusive
@@ -197,8 +198,8 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: str | None) 
     """--config's callback: the file's values become click's default_map (defaults < config < flags)."""
     if not value or ctx.resilient_parsing:
         return value
-    from tuner.config import load_config
-    from tuner.errors import ConfigError
+    from tuner.core.errors import ConfigError
+    from tuner.options.config import load_config
 
     root = ctx.find_root().command
     commands = root.commands.values() if isinstance(root, click.Group) else [ctx.command]
@@ -252,13 +253,13 @@ def _kind(param: click.Parameter) -> dict[str, Any]:
 
 
 def config_schema(commands: Iterable[click.Command]) -> dict[str, Any]:
-    """{config key: tuner.config.Key} from the click parameters of the commands that take --config."""
+    """{config key: tuner.options.config.Key} from the click parameters of the commands that take --config."""
     return schema([c for c in commands if any(p.name == "config_path" for p in c.params)])
 
 
 def schema(commands: Iterable[click.Command]) -> dict[str, Any]:
-    """{key: tuner.config.Key} from the commands' keyed click parameters; one key has one kind everywhere."""
-    from tuner.config import Key
+    """{key: tuner.options.config.Key} from the commands' keyed click parameters; one key has one kind everywhere."""
+    from tuner.options.config import Key
 
     fields: dict[str, dict[str, Any]] = {}
     users: dict[str, set[str]] = {}

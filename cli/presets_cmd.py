@@ -22,7 +22,7 @@ def presets_cmd(name: str | None, lists_only: str | None) -> None:
     torch.autocast lists), xla (PyTorch/XLA AMP on TPU), torch-cpu / torch-cuda
     (torch.autocast's own CPU / CUDA lists of the installed torch).
     """
-    from tuner.policy import load_preset, preset_names
+    from tuner.policy.presets import load_preset, preset_names
 
     out = console()
     if name is None:

@@ -11,11 +11,12 @@ shows and the legend line that spells them out.
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Iterable, Sequence
+from typing import Any
 
-from tuner.rules import Rule
+from tuner.policy.rules import Rule
 
 PIPED_WIDTH = 120  # a table that is not on a terminal keeps its lines within this many characters
 ELLIPSIS = "…"  # on a terminal
@@ -116,7 +117,7 @@ def _natural(columns: Sequence[Column], rows: Sequence[Sequence[str]]) -> list[i
 
 
 def _cells(columns: Sequence[Column], row: Sequence[str], widths: Sequence[int], ellipsis: str) -> list[str]:
-    return [shorten(cell, w, c.shorten, ellipsis) for c, cell, w in zip(columns, row, widths)]
+    return [shorten(cell, w, c.shorten, ellipsis) for c, cell, w in zip(columns, row, widths, strict=False)]
 
 
 def plain_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], stages: Sequence[tuple[int, int]],
@@ -126,7 +127,7 @@ def plain_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], stages
     widths = fit_widths(_natural(columns, rows), width - gap * (len(columns) - 1), stages)
 
     def line(cells: Sequence[str]) -> str:
-        parts = [cell.rjust(w) if c.right else cell.ljust(w) for c, cell, w in zip(columns, cells, widths)]
+        parts = [cell.rjust(w) if c.right else cell.ljust(w) for c, cell, w in zip(columns, cells, widths, strict=False)]
         return (" " * gap).join(parts).rstrip()
 
     header = line([c.header for c in columns])
@@ -143,7 +144,7 @@ def rich_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], stages:
     overhead = 3 * len(columns) - 1
     widths = fit_widths(_natural(columns, rows), width - overhead, stages)
     table = Table(title=title, show_lines=False, pad_edge=False)
-    for c, w in zip(columns, widths):
+    for c, w in zip(columns, widths, strict=False):
         table.add_column(c.header, justify="right" if c.right else "left", no_wrap=True, overflow="ellipsis",
                          max_width=w)
     for n, row in enumerate(rows):

@@ -62,7 +62,7 @@ class _Renderer:
     def __call__(self, event: Any) -> None:
         if self.quiet:
             return
-        from tuner.tune import EventKind
+        from tuner.search.types import EventKind
 
         if event.kind is EventKind.EVALUATING:
             if self.tty:
@@ -93,7 +93,7 @@ class _Renderer:
             self.trial(event.trial)
 
     def trial(self, t: Any) -> None:
-        from tuner.outputs import fmt_metric
+        from tuner.report.writer import fmt_metric
 
         metric = "error" if t.metric is None and not t.baseline else fmt_metric(t.metric)
         verdict = "base" if t.baseline else "pass" if t.passed else "FAIL"
@@ -126,7 +126,7 @@ def tune_cmd(model_file: str | None, dtype: str, preset: str | None, tolerance: 
     and confirms the FP32 fallbacks with as few full evaluations as it can.
     Every reported plan was confirmed by a full evaluation.
 
-    Under torchrun every rank runs this and rank 0 decides, reports and writes (tuner.distributed).
+    Under torchrun every rank runs this and rank 0 decides, reports and writes (tuner.search.distributed).
     """
     started = time.monotonic()  # --time-budget counts from here
     # within a second, before torch is imported; under torchrun only rank 0 (by its environment) reports
@@ -144,15 +144,15 @@ def tune_cmd(model_file: str | None, dtype: str, preset: str | None, tolerance: 
     click.get_current_context().exit(ranks.finish(code))  # under torchrun every rank ends with rank 0's code
 
 
-def _tune(model_file: str | None, render: "_Renderer", started: float, *, dtype: str, preset: str | None,
+def _tune(model_file: str | None, render: _Renderer, started: float, *, dtype: str, preset: str | None,
           tolerance: float, absolute: bool, lower_is_better: bool, max_evals: int | None, time_budget: float | None,
           out_dir: str, resume: bool, overwrite: bool, device: str, thorough: bool, latency: bool, rank: str,
           model_fn: str | None, eval_fn: str | None, inputs_fn: str | None) -> tuple[Any, Any, Any]:
     """Options -> ranks -> the user's file -> the run; (TuneRun, Ranks, TuneOptions). Imports torch."""
-    from tuner.errors import ConfigError
-    from tuner.loader import load_user_model
-    from tuner.run import tune_into_folder
-    from tuner.tune import TuneOptions
+    from tuner.core.errors import ConfigError
+    from tuner.core.loader import load_user_model
+    from tuner.jobs.tune_run import tune_into_folder
+    from tuner.search.types import TuneOptions
 
     if not model_file:
         raise ConfigError("missing MODEL.py: give it as the argument or as `model:` in --config")
@@ -172,8 +172,8 @@ def _tune(model_file: str | None, render: "_Renderer", started: float, *, dtype:
 
 def _summarize(run: Any, options: Any, quiet: bool) -> int:
     """The verdict (a short panel on a terminal, plain lines when piped), notes and warnings; the exit code."""
-    from tuner.outputs import verdict
-    from tuner.tune import StopReason, TuneStatus
+    from tuner.report.writer import verdict
+    from tuner.search.types import StopReason, TuneStatus
 
     result, out = run.result, run.out
     if result.stopped is StopReason.INTERRUPTED:

@@ -1,55 +1,48 @@
 """mpt-tuner: per-op precision policies for PyTorch, an accuracy-driven FP32 fallback search, inspection.
 
-Data flow: model file (loader) -> policy/plan (policy, plan) -> engine (engine, api)
--> inspect (audit) / search (search, tune) -> outputs (outputs, checkpoint).
+The data flow, one subpackage per stage; each imports only from those above it in this list:
 
-The public names load on first use, so `import tuner.errors` (what the CLI needs to start and say
-something) does not import torch.
+    core      the user's model file, ModelInputs, dtypes, fingerprints, file IO, errors
+    policy    what precision each op gets, as data: rules, presets, the Plan
+    options   every command's options, defined once (and the YAML config schema)
+    engine    running a model under a policy: function mode, native regions, attach
+    measure   cost and error of a forward: FLOPs, shares, inspection, ranking
+    workspace one run's on-disk state: output folder, lock, journal, model keeper
+    search    the tune session: baseline, candidates, ranking, trials
+    report    what a tune wrote: report, renderers, checkpoint, the writer
+    jobs      whole commands as library calls: tune into a folder, check, inspect
+
+The public names below load on first use, so `import tuner.core.errors` (what the CLI needs to start and
+say something) does not import torch.
 """
-from __future__ import annotations
+import importlib as _importlib
+import typing as _typing
 
-import importlib
-import sys
-import types
-from typing import Any
+from tuner.core.version import __version__
 
-__version__ = "0.1.0"
-
-_HOME = {  # public name -> the submodule that defines it
-    "autocast": "api", "convert": "api", "revert": "api", "attach": "api", "detach": "api", "attached": "api",
-    "disable_casts": "engine", "Decision": "engine", "load": "checkpoint", "tune": "tune",
-    "TuneOptions": "tune", "TuneResult": "tune", "inspect_model": "audit", "Plan": "plan", "OpInstance": "plan",
-    "Policy": "policy", "load_preset": "policy", "preset_names": "policy", "read_op_list": "policy",
-    "parse_dtype": "dtypes", "MptError": "errors", "ConfigError": "errors", "UserCodeError": "errors",
-    "PlanMismatchError": "errors", "DeployError": "errors", "ModelInputs": "inputs",
-    "Execution": "native", "ExecutionPath": "native", "autocast_failures": "deploy",
+_HOME = {  # public name -> the module that defines it
+    "autocast": "engine.attach", "convert": "engine.attach", "revert": "engine.attach",
+    "attach": "engine.attach", "detach": "engine.attach", "attached": "engine.attach",
+    "disable_casts": "engine.function_mode", "Decision": "engine.function_mode",
+    "Execution": "engine.native", "ExecutionPath": "engine.native", "autocast_failures": "engine.probe",
+    "load": "report.checkpoint", "tune": "search.session", "TuneOptions": "search.types",
+    "TuneResult": "search.types", "inspect_model": "measure.inspection", "Plan": "policy.plan",
+    "OpInstance": "policy.plan", "Policy": "policy.presets", "load_preset": "policy.presets",
+    "preset_names": "policy.presets", "read_op_list": "policy.presets", "parse_dtype": "core.dtypes",
+    "MptError": "core.errors", "ConfigError": "core.errors", "UserCodeError": "core.errors",
+    "PlanMismatchError": "core.errors", "DeployError": "core.errors", "ModelInputs": "core.inputs",
 }
-__all__ = list(_HOME)
+__all__ = ["__version__", *_HOME]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     home = _HOME.get(name)
-    if home is None:  # a submodule, as `tuner.api` was reachable before
-        try:
-            return importlib.import_module(f".{name}", __name__)
-        except ModuleNotFoundError:
-            raise AttributeError(f"module 'tuner' has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(f".{home}", __name__), name)
+    if home is None:
+        raise AttributeError(f"module 'tuner' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(f"tuner.{home}"), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
-
-
-class _Package(types.ModuleType):
-    """Importing the submodule `tuner.tune` must not hide the function `tuner.tune` behind the module."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "tune" and isinstance(value, types.ModuleType):
-            return  # the module stays in sys.modules["tuner.tune"]
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
+    return sorted(__all__)

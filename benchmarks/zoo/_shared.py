@@ -26,7 +26,7 @@ SIZES = ("full", "tiny")
 
 
 def size() -> str:
-    """`MPT_ZOO_SIZE`: "full" (default, the benchmark) or "tiny" (tests/test_zoo.py: seconds per tune)."""
+    """`MPT_ZOO_SIZE`: "full" (default, the benchmark) or "tiny" (tests/e2e/test_zoo.py: seconds per tune)."""
     value = os.environ.get("MPT_ZOO_SIZE", "full").strip().lower() or "full"
     if value not in SIZES:
         raise ValueError(f"MPT_ZOO_SIZE must be one of {SIZES}, found {value!r}")

@@ -1,7 +1,7 @@
 """A small ResNet-like CNN: every BatchNorm is followed by an in-place ReLU or an in-place residual add.
 
 In-place ops change the BatchNorm's output tensor after it was made, which is what `mpt inspect` must
-not compare against (tests/test_inspect_truth.py).
+not compare against (tests/measure/test_inspection.py).
 """
 import torch
 from torch import nn

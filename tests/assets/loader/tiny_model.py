@@ -1,4 +1,4 @@
-"""A minimal model file following the `mpt` contract (used by tests/test_loader.py)."""
+"""A minimal model file following the `mpt` contract (used by tests/core/test_loader.py)."""
 import torch
 from torch import nn
 

@@ -1,0 +1,378 @@
+"""Bad input and faults, through the CLI: a one-line error, a documented exit code, nothing lost.
+
+Each case runs `mpt` through click's CliRunner and checks the exit code
+(cli/exitcodes.py) and the message on stderr; none may show a Python
+traceback unless --debug was given.
+"""
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from mpt_cli import exitcodes
+from mpt_cli.main import main
+
+ASSETS = Path(__file__).parents[1] / "assets"
+OVERFLOW = ASSETS / "fp16_overflow.py"
+
+# A valid model file; tests replace one function at a time.
+TEMPLATE = (ASSETS / "valid_model.py").read_text()
+
+
+def model_file(tmp_path: Path, replace: dict[str, str] | None = None, *, name: str = "model.py",
+               drop: tuple[str, ...] = (), extra: str = "") -> Path:
+    """TEMPLATE with some functions replaced (`{"evaluate": "def evaluate(model): ..."}`) or dropped."""
+    blocks = TEMPLATE.split("\n\n\n")
+    out = []
+    for block in blocks:
+        fn = block.split("(", 1)[0].replace("def ", "").strip() if block.startswith("def ") else None
+        if fn in drop:
+            continue
+        if fn and replace and fn in replace:
+            block = textwrap.dedent(replace[fn]).strip("\n")
+        out.append(block)
+    path = tmp_path / name
+    path.write_text("\n\n\n".join(out).rstrip("\n") + "\n" + extra)
+    return path
+
+
+def line_of(path: Path, marker: str) -> int:
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if marker in line:
+            return i
+    raise AssertionError(marker)
+
+
+def mpt(runner, *args):
+    res = runner.invoke(main, [str(a) for a in args])
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        raise AssertionError(f"mpt raised instead of exiting: {res.exception!r}\n{res.output}")
+    return res
+
+
+def assert_error(res, code: int, *fragments: str) -> str:
+    """Exit code `code`, every fragment in stderr, and no traceback. Returns stderr."""
+    err = res.stderr
+    assert res.exit_code == code, f"exit {res.exit_code}, expected {code}\n{res.output}"
+    assert "Traceback" not in err, err
+    assert err.startswith("mpt: error: "), err
+    for f in fragments:
+        assert f in err, f"{f!r} not in {err!r}"
+    return err
+
+
+def tune(runner, tmp_path, model, *args):
+    return mpt(runner, "tune", model, "--out", tmp_path / "out", "-q", *args)
+
+
+# --- the model file ---------------------------------------------------------------------------------------
+
+def test_model_file_missing(runner, tmp_path):
+    res = tune(runner, tmp_path, tmp_path / "nope.py")
+    assert_error(res, exitcodes.USAGE, "model file not found", "nope.py")
+    assert not (tmp_path / "out").exists()  # nothing created before the inputs are checked
+
+
+def test_model_file_not_python(runner, tmp_path):
+    txt = tmp_path / "model.txt"
+    txt.write_text("build_model = 1\n")
+    assert_error(tune(runner, tmp_path, txt), exitcodes.USAGE, "must be a Python .py file")
+    binary = tmp_path / "weights.py"
+    binary.write_bytes(b"\x00\x01PK\x03\x04")
+    assert_error(tune(runner, tmp_path, binary), exitcodes.USAGE, "not Python source")
+
+
+def test_model_file_with_syntax_error(runner, tmp_path):
+    path = model_file(tmp_path, extra="def broken(:\n    pass\n")
+    assert_error(tune(runner, tmp_path, path), exitcodes.USER_CODE, "is not valid Python",
+                 f"model.py:{line_of(path, 'def broken')}")
+
+
+def test_model_file_raises_on_import(runner, tmp_path):
+    path = model_file(tmp_path, extra="import numpy_that_is_not_installed\n")
+    err = assert_error(tune(runner, tmp_path, path), exitcodes.USER_CODE, "importing model.py raised",
+                       "ModuleNotFoundError", f"model.py:{line_of(path, 'numpy_that')}")
+    assert len(err.strip().splitlines()) <= 2
+
+
+@pytest.mark.parametrize("missing", ["build_model", "evaluate"])
+def test_model_file_lacks_a_function(runner, tmp_path, missing):
+    path = model_file(tmp_path, drop=(missing,))
+    assert_error(tune(runner, tmp_path, path), exitcodes.USAGE, f"has no function '{missing}'", "found:")
+
+
+def test_named_function_does_not_exist(runner, tmp_path):
+    path = model_file(tmp_path)
+    assert_error(tune(runner, tmp_path, f"{path}:make_net"), exitcodes.USAGE, "has no function 'make_net'",
+                 "build_model")
+    assert_error(tune(runner, tmp_path, path, "--eval", "score"), exitcodes.USAGE, "has no function 'score'")
+    assert_error(mpt(runner, "inspect", path, "--inputs", "batch"), exitcodes.USAGE, "has no function 'batch'")
+
+
+def test_build_model_returns_no_module(runner, tmp_path):
+    path = model_file(tmp_path, {"build_model": "def build_model():\n    return {'weights': 1}\n"})
+    assert_error(tune(runner, tmp_path, path), exitcodes.USER_CODE,
+                 "build_model returned dict", "expected a torch.nn.Module", "model.py:")
+
+
+def test_evaluate_raises_points_at_user_line_and_debug_shows_traceback(runner, tmp_path):
+    path = model_file(tmp_path, {"evaluate": """\
+        def evaluate(model):
+            scores = {"top1": 0.9}
+            return scores["top5"]
+        """})
+    line = line_of(path, 'scores["top5"]')
+    res = tune(runner, tmp_path, path)
+    err = assert_error(res, exitcodes.USER_CODE, "evaluate raised KeyError: 'top5'", f"(model.py:{line})",
+                       "--debug")
+    assert len(err.strip().splitlines()) <= 2
+    res = mpt(runner, "--debug", "tune", path, "--out", tmp_path / "out2", "-q")
+    assert res.exit_code == exitcodes.USER_CODE
+    assert "Traceback (most recent call last)" in res.stderr and f'line {line}, in evaluate' in res.stderr
+
+
+@pytest.mark.parametrize("value,fragment", [
+    ("float('nan')", "evaluate returned nan for the FP32 model"),
+    ("float('inf')", "evaluate returned inf for the FP32 model"),
+    ("'high'", "evaluate returned str ('high'), expected a single number"),
+    ("torch.tensor([0.9, 0.8, 0.7])", "evaluate returned a tensor with 3 elements"),
+    ("None", "missing `return`?"),
+])
+def test_evaluate_returns_no_number(runner, tmp_path, value, fragment):
+    path = model_file(tmp_path, {"evaluate": f"def evaluate(model):\n    return {value}\n"})
+    assert_error(tune(runner, tmp_path, path), exitcodes.USER_CODE, fragment)
+
+
+def test_evaluate_failing_in_a_trial_fails_that_trial_only(runner, tmp_path):
+    # FP32 baseline fine, lower precision raises: the trial fails and the search goes on to the all-FP32 plan.
+    path = model_file(tmp_path, {"evaluate": """\
+        def evaluate(model):
+            with torch.no_grad():
+                out = model(torch.ones(3, 4))
+            if out.dtype != torch.float32:
+                raise RuntimeError("metric kernel needs float32")
+            return 1.0
+        """})
+    res = mpt(runner, "tune", path, "--out", tmp_path / "out")
+    assert res.exit_code in (exitcodes.OK, exitcodes.TARGET_NOT_MET), res.output
+    assert "FAIL" in res.stdout and "evaluate raised RuntimeError: metric kernel needs float32" in res.stdout
+
+
+def test_target_not_met_exit_code(runner, tmp_path):
+    path = model_file(tmp_path, {"evaluate": """\
+        CALLS = []
+
+
+        def evaluate(model):
+            CALLS.append(1)
+            return 1.0 if len(CALLS) == 1 else 0.5
+        """})
+    res = mpt(runner, "tune", path, "--out", tmp_path / "out")
+    assert res.exit_code == exitcodes.TARGET_NOT_MET, res.output
+    assert "target not met" in res.stdout
+    assert (tmp_path / "out" / "plan.yaml").is_file()  # the all-FP32 plan is still written
+
+
+def test_internal_error_exit_code(runner, tmp_path, monkeypatch):
+    import importlib
+
+    def bug(*args, **kwargs):
+        raise RuntimeError("something mpt got wrong")
+
+    monkeypatch.setattr(importlib.import_module("tuner.jobs.tune_run"), "tune_into_folder", bug)
+    assert_error(tune(runner, tmp_path, model_file(tmp_path)), exitcodes.INTERNAL,
+                 "internal error: RuntimeError: something mpt got wrong", "report it")
+
+
+def test_ctrl_c_in_process_exits_130_and_keeps_the_journal(runner, tmp_path):
+    path = model_file(tmp_path, {"evaluate": """\
+        CALLS = []
+
+
+        def evaluate(model):
+            CALLS.append(1)
+            if len(CALLS) == 2:  # the baseline's second run
+                raise KeyboardInterrupt
+            return 1.0
+        """})
+    res = tune(runner, tmp_path, path)
+    assert_error(res, exitcodes.INTERRUPTED, "interrupted", "--resume")
+    lines = [json.loads(x) for x in (tmp_path / "out" / "journal.jsonl").read_text().splitlines()]
+    assert [x.get("key") for x in lines if x["kind"] == "eval"] == ["baseline#1"]
+    assert not list((tmp_path / "out").glob("*.tmp")) and not list((tmp_path / "out").glob(".*.tmp"))
+
+
+# --- lower precision: NaN / inf ---------------------------------------------------------------------------
+
+def test_fp16_overflow_fails_the_trial_and_the_search_moves_on(runner, tmp_path):
+    res = mpt(runner, "tune", OVERFLOW, "--dtype", "fp16", "--lower-is-better", "--absolute", "--tolerance",
+              "0.05", "--out", tmp_path / "out")
+    assert res.exit_code == exitcodes.OK, res.output
+    trials = [line for line in res.stdout.splitlines() if line.startswith("eval") and " base " not in line]
+    assert "FAIL" in trials[0] and ("metric is nan" in trials[0] or "metric is inf" in trials[0])
+    assert any("pass" in t and "(big)" in t for t in trials[1:])  # the module that owns linear#0
+    plan = (tmp_path / "out" / "plan.yaml").read_text()
+    assert "module: big" in plan
+
+
+def test_inspect_shows_which_op_overflowed_first(runner):
+    res = mpt(runner, "inspect", OVERFLOW, "--dtype", "fp16", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["summary"]["first_nonfinite"] == "big:linear#0"
+    res = mpt(runner, "inspect", OVERFLOW, "--dtype", "fp16")
+    assert "first non-finite output (NaN/inf) at big:linear#0" in res.stdout
+    res = mpt(runner, "inspect", OVERFLOW, "--dtype", "bf16", "--json")  # bf16's range is FP32's: no overflow
+    assert json.loads(res.stdout)["summary"]["first_nonfinite"] is None
+
+
+# --- op-list files ------------------------------------------------------------------------------------------
+
+def test_op_list_unknown_names_and_duplicates(runner, tmp_path):
+    lower = tmp_path / "bf16_ops.txt"
+    lower.write_text("# my list\nmm\nmatmull\nmm\nconv2d\n")
+    err = assert_error(mpt(runner, "inspect", OVERFLOW, "--lower-list", lower), exitcodes.USAGE,
+                       "2 problems", "unknown op 'matmull'; did you mean matmul", "op 'mm' is listed twice")
+    assert "bf16_ops.txt" in err
+
+
+def test_op_in_both_lists(runner, tmp_path):
+    lower, fp32 = tmp_path / "lower.txt", tmp_path / "fp32.txt"
+    lower.write_text("linear\nmm\n")
+    fp32.write_text("softmax\nlinear\n")
+    assert_error(mpt(runner, "inspect", OVERFLOW, "--lower-list", lower, "--fp32-list", fp32), exitcodes.USAGE,
+                 "op(s) in both", "linear")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("version: 1\ndtype: bf16\npreset: torch-cpu\nlower: [linear]\nfp32: [linear]\n")
+    assert_error(mpt(runner, "inspect", OVERFLOW, "--plan", plan), exitcodes.USAGE,
+                 "in both the lower-precision and the FP32 list: linear")
+
+
+def test_op_list_missing_file(runner, tmp_path):
+    assert_error(mpt(runner, "inspect", OVERFLOW, "--fp32-list", tmp_path / "nope.txt"), exitcodes.USAGE,
+                 "op-list file not found")
+
+
+def test_plan_from_a_newer_version(runner, tmp_path):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("version: 7\ndtype: bf16\npreset: torch-cpu\nfp32_instances: []\n")
+    assert_error(mpt(runner, "inspect", OVERFLOW, "--plan", plan), exitcodes.USAGE,
+                 "plan version 7 is newer than this mpt reads (1); upgrade mpt-tuner")
+
+
+def test_plan_with_unknown_key_and_bad_dtype(runner, tmp_path):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("version: 1\ndtype: fp8\npreset: torch-cpu\nfp32_instance: []\n")
+    assert_error(mpt(runner, "inspect", OVERFLOW, "--plan", plan), exitcodes.USAGE,
+                 "fp32_instance: unknown key; did you mean 'fp32_instances'?")
+
+
+# --- --out -----------------------------------------------------------------------------------------------
+
+def test_out_is_a_file(runner, tmp_path):
+    (tmp_path / "out").write_text("not a folder")
+    assert_error(tune(runner, tmp_path, model_file(tmp_path)), exitcodes.USAGE, "is a file, not a folder")
+
+
+def test_out_under_a_file(runner, tmp_path):
+    (tmp_path / "f").write_text("")
+    res = mpt(runner, "tune", model_file(tmp_path), "--out", tmp_path / "f" / "out", "-q")
+    assert_error(res, exitcodes.USAGE, "cannot create --out")
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root can write to any folder")
+def test_out_unwritable_folder(runner, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    out.chmod(0o500)
+    try:
+        assert_error(tune(runner, tmp_path, model_file(tmp_path)), exitcodes.USAGE, "is not writable")
+    finally:
+        out.chmod(0o700)
+
+
+def test_out_unwritable_folder_simulated(runner, tmp_path, monkeypatch):
+    # The same check, for CI runners that run as root (where chmod does not stop writes): the lock file
+    # is the first thing a run writes into --out.
+    import tuner.workspace.folder
+
+    real = os.open
+
+    def fake_open(path, *args, **kwargs):
+        if Path(path).name == tuner.workspace.folder.LOCK_NAME:
+            raise PermissionError(13, "Permission denied")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(tuner.workspace.folder.os, "open", fake_open)
+    assert_error(tune(runner, tmp_path, model_file(tmp_path)), exitcodes.USAGE,
+                 "is not writable: Permission denied")
+
+
+def test_out_holding_another_run_is_refused_without_resume_or_overwrite(runner, tmp_path):
+    path = model_file(tmp_path)
+    assert tune(runner, tmp_path, path).exit_code == 0
+    before = (tmp_path / "out" / "plan.yaml").read_text()
+    assert_error(tune(runner, tmp_path, path), exitcodes.USAGE, "already holds a run", "--resume", "--overwrite")
+    assert (tmp_path / "out" / "plan.yaml").read_text() == before  # nothing touched
+    assert tune(runner, tmp_path, path, "--overwrite").exit_code == 0
+    assert tune(runner, tmp_path, path, "--resume").exit_code == 0
+    assert_error(tune(runner, tmp_path, path, "--resume", "--overwrite"), exitcodes.USAGE, "not both")
+
+
+# --- the device ----------------------------------------------------------------------------------------------
+
+def test_cuda_requested_without_a_gpu(runner, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert_error(tune(runner, tmp_path, model_file(tmp_path), "--device", "cuda"), exitcodes.USAGE,
+                 "no CUDA device is available")
+    assert not (tmp_path / "out").exists()  # refused before the search (and before --out is touched)
+
+
+def test_bf16_on_a_gpu_without_bf16(runner, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "Tesla V100-SXM2-16GB")
+    assert_error(tune(runner, tmp_path, model_file(tmp_path), "--device", "cuda", "--dtype", "bf16"),
+                 exitcodes.USAGE, "Tesla V100-SXM2-16GB cannot run bfloat16; use --dtype fp16")
+    assert not (tmp_path / "out").exists()
+
+
+def test_fp16_matmul_unsupported_on_this_cpu(runner, tmp_path, monkeypatch):
+    real = torch.Tensor.__matmul__
+
+    def matmul(self, other):
+        if self.dtype == torch.float16:
+            raise RuntimeError("\"addmm_impl_cpu_\" not implemented for 'Half'")
+        return real(self, other)
+
+    monkeypatch.setattr(torch.Tensor, "__matmul__", matmul)
+    assert_error(tune(runner, tmp_path, model_file(tmp_path), "--dtype", "fp16"), exitcodes.USAGE,
+                 "this CPU build cannot run fp16 matmuls", "not implemented for 'Half'")
+    assert not (tmp_path / "out").exists()
+
+
+# --- usage ------------------------------------------------------------------------------------------------
+
+def test_bad_option_values_are_usage_errors(runner, tmp_path):
+    path = model_file(tmp_path)
+    res = mpt(runner, "tune", path, "--dtype", "fp8")
+    assert res.exit_code == exitcodes.USAGE and "fp8" in res.stderr
+    assert_error(tune(runner, tmp_path, path, "--tolerance", "-1"), exitcodes.USAGE, "tolerance: expected a number >= 0")
+    assert_error(tune(runner, tmp_path, path, "--tolerance", "5"), exitcodes.USAGE,
+                 "a relative tolerance must be below 1")
+    assert_error(tune(runner, tmp_path, path, "--preset", "hmpp"), exitcodes.USAGE,
+                 "unknown preset 'hmpp'; did you mean")
+    assert_error(mpt(runner, "tune"), exitcodes.USAGE, "missing MODEL.py")
+
+
+def test_exit_codes_are_documented_in_help(runner):
+    res = mpt(runner, "--help")
+    assert res.exit_code == 0
+    for code, word in ((0, "success"), (3, "target not met"), (2, "bad usage"), (4, "model file"),
+                       (130, "interrupted"), (1, "internal error")):
+        assert any(line.strip().startswith(str(code)) and word in line for line in res.stdout.splitlines()), \
+            (code, word)

@@ -1,0 +1,46 @@
+"""CUDA path: the torch-cuda preset against torch.autocast("cuda", float16). Skipped without a GPU."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tuner
+
+pytestmark = pytest.mark.gpu
+
+
+def _cases():
+    d = "cuda"
+    r = lambda *s: torch.randn(*s, device=d)  # noqa: E731
+    return [
+        ("linear", F.linear, (r(4, 8), r(3, 8))),
+        ("matmul", torch.matmul, (r(4, 8), r(8, 2))),
+        ("conv2d", F.conv2d, (r(1, 2, 5, 5), r(3, 2, 3, 3))),
+        ("softmax", lambda x: torch.softmax(x, -1), (r(4, 8).half(),)),
+        ("layer_norm", lambda x: F.layer_norm(x, (8,)), (r(4, 8).half(),)),
+        ("exp", torch.exp, (r(4).half(),)),
+        ("addcmul", torch.addcmul, (r(4), r(4).half(), r(4))),
+        ("mse_loss", F.mse_loss, (r(4).half(), r(4).half())),
+    ]
+
+
+@pytest.mark.parametrize("idx", range(8))
+def test_torch_cuda_preset_matches_torch_autocast(idx):
+    name, fn, args = _cases()[idx]
+    with torch.autocast("cuda", dtype=torch.float16):
+        expected = fn(*args)
+    with tuner.autocast("torch-cuda", "fp16", engine="python"):
+        got = fn(*args)
+    assert got.dtype == expected.dtype, name
+    torch.testing.assert_close(got.float(), expected.float(), rtol=1e-3, atol=1e-3)
+
+
+def test_tune_on_cuda_planted():
+    from tuner.testing import PlantedTask
+    from tuner.search.session import tune
+    from tuner.search.types import TuneOptions
+
+    task = PlantedTask(16, 1)
+    task.x = task.x.cuda()
+    task.labels = task.labels.cuda()
+    res = tune(task.build, task.evaluate, lambda: (task.x[:8],), TuneOptions(dtype="bf16", device="cuda"))
+    assert res.status == "ok"

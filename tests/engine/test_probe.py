@@ -1,0 +1,172 @@
+"""Search and deployment agree: `autocast_failures` finds the modules torch.autocast cannot run, so the plan
+`tuner.load` runs is one that works on this machine."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import tuner
+from mpt_cli import exitcodes
+from mpt_cli.common import exit_code
+from tuner.engine.attach import attached
+from tuner.engine.probe import autocast_failures, with_fp32_modules
+from tuner.core.errors import DeployError
+from tuner.core.inputs import ModelInputs
+from tuner.policy.plan import OpInstance, Plan
+
+PLAN = Plan(dtype="bf16", preset="torch-cpu")
+
+
+class AutocastAllergic(nn.Module):
+    """Raises only under torch.autocast("cpu"), like oneDNN's bf16 LSTM on a CPU without AVX512-BF16."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_autocast_enabled("cpu"):
+            raise RuntimeError("could not create a primitive descriptor for the stand-in primitive\nsecond line")
+        return self.lin(x)
+
+
+class Net(nn.Module):
+    def __init__(self, allergic: tuple[str, ...] = ("block.1",)) -> None:
+        super().__init__()
+        self.embed = nn.Linear(8, 8)
+        self.block = nn.Sequential(nn.ReLU(), AutocastAllergic() if "block.1" in allergic else nn.Linear(8, 8))
+        self.head = AutocastAllergic() if "head" in allergic else nn.Linear(8, 8)
+        self.out = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        return self.out(self.head(self.block(self.embed(x)))) * scale
+
+
+class RootAllergic(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_autocast_enabled("cpu"):
+            raise RuntimeError("could not create a primitive descriptor in the root's own code")
+        return self.lin(x)
+
+
+def _x() -> torch.Tensor:
+    return torch.randn(4, 8)
+
+
+def test_names_the_failing_module_and_the_fixed_plan_runs():
+    model = Net().eval()
+    found = autocast_failures(model, (_x(),), PLAN)
+    assert found == {"block.1": "RuntimeError: could not create a primitive descriptor for the stand-in primitive"}
+    assert attached(model) is None and "forward" not in model.__dict__  # detached afterwards
+    fixed = with_fp32_modules(PLAN, found)
+    assert fixed.module_overrides() == {"block.1": torch.float32}
+    assert autocast_failures(model, (_x(),), fixed) == {}
+    tuner.attach(model, fixed)  # what tuner.load does with it
+    with torch.no_grad():
+        assert model(_x()).shape == (4, 2)
+    tuner.detach(model)
+
+
+def test_a_plan_that_runs_gives_nothing_and_instance_overrides_are_kept():
+    model = Net(allergic=()).eval()
+    assert autocast_failures(model, (_x(),), PLAN) == {}
+    model = Net().eval()
+    plan = Plan(dtype="bf16", preset="torch-cpu", fp32_instances=(OpInstance("embed", "linear", 0),))
+    found = autocast_failures(model, ModelInputs(args=(_x(),), kwargs={"scale": 2.0}), plan)
+    assert list(found) == ["block.1"]
+    fixed = with_fp32_modules(plan, found)
+    assert fixed.fp32_instances == plan.fp32_instances
+
+
+def test_several_modules_up_to_max_modules():
+    model = Net(allergic=("block.1", "head")).eval()
+    assert list(autocast_failures(model, (_x(),), PLAN)) == ["block.1", "head"]
+    with pytest.raises(DeployError) as info:
+        autocast_failures(model, (_x(),), PLAN, max_modules=1)
+    assert list(info.value.modules) == ["block.1"]
+    assert "still failing after keeping 1 modules in FP32" in str(info.value)
+
+
+def test_a_failure_in_the_roots_own_forward_is_a_deploy_error():
+    model = RootAllergic().eval()
+    with pytest.raises(DeployError) as info:
+        autocast_failures(model, (_x(),), PLAN)
+    message = str(info.value)
+    assert "cannot run on this machine" in message and "outside any submodule" in message
+    assert "\n" not in message and "primitive descriptor" in message
+    assert isinstance(info.value, RuntimeError) and info.value.modules == {}
+    assert exit_code(info.value) == exitcodes.USAGE
+    assert attached(model) is None and "forward" not in model.__dict__
+
+
+def test_a_failure_that_is_not_autocasts_is_not_blamed_on_a_module_twice():
+    class Broken(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise ValueError("a bug that FP32 does not fix")
+
+    model = nn.Sequential(nn.Linear(8, 8), Broken()).eval()
+    with pytest.raises(DeployError, match="already runs in FP32") as info:
+        autocast_failures(model, (_x(),), PLAN)
+    assert list(info.value.modules) == ["1"]
+
+
+def test_a_policy_without_a_native_autocast_path_is_not_run():
+    model = Net().eval()
+    assert autocast_failures(model, (_x(),), Plan(dtype="bf16", preset="hmp")) == {}
+
+
+LSTM_SCRIPT = r"""
+import json, torch
+from torch import nn
+import tuner
+from tuner.engine.attach import attached
+from tuner.engine.probe import autocast_failures, with_fp32_modules
+from tuner.policy.plan import Plan
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(8, 16, batch_first=True)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        y, _ = self.rnn(x)  # FP32 input: a bf16 one takes another kernel path
+        return self.head(y[:, -1])
+
+torch.manual_seed(0)
+net, x = Net().eval(), torch.randn(2, 5, 8)
+try:
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+        net.rnn(x)
+    raises = False
+except RuntimeError:
+    raises = True
+plan = Plan(dtype="bf16", preset="torch-cpu")
+found = autocast_failures(net, (x,), plan)
+tuner.attach(net, with_fp32_modules(plan, found))
+with torch.no_grad():
+    shape = list(net(x).shape)
+print(json.dumps({"raises": raises, "found": found, "shape": shape}))
+"""
+
+
+def test_lstm_under_a_cpu_without_avx512_bf16():
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+    proc = subprocess.run([sys.executable, "-c", LSTM_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    if data["raises"]:  # oneDNN cannot build the bf16 LSTM here: the module is named, and the fixed plan runs
+        assert list(data["found"]) == ["rnn"] and "RuntimeError" in data["found"]["rnn"]
+    else:  # a CPU where torch.autocast runs it
+        assert data["found"] == {}
+    assert data["shape"] == [2, 4]

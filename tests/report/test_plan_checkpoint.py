@@ -1,0 +1,108 @@
+"""Plans as YAML, the converted checkpoint, tuner.load and attach."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import tuner
+from tuner.report.checkpoint import load, lowered_parameters, save_checkpoint
+from tuner.core.errors import ConfigError, PlanMismatchError
+from tuner.policy.plan import OpInstance, Plan
+from tuner.testing import PlantedTask
+
+
+def test_plan_roundtrip_and_validation(tmp_path):
+    plan = Plan(dtype="bfloat16", preset="hmp", modules=(("enc.*", "fp32"),),
+                fp32_instances=(OpInstance("a.b", "linear", 1),), metrics={"baseline": 0.9})
+    assert plan.dtype == "bf16"
+    plan.save(tmp_path / "plan.yaml")
+    again = Plan.load(tmp_path / "plan.yaml")
+    assert again == plan and again.metrics["baseline"] == 0.9
+    assert Plan.load(tmp_path) == plan  # a folder means its plan.yaml
+    text = (tmp_path / "plan.yaml").read_text().replace("version: 1", "version: 7")
+    (tmp_path / "new.yaml").write_text(text)
+    with pytest.raises(ConfigError, match="newer than this mpt"):
+        Plan.load(tmp_path / "new.yaml")
+    (tmp_path / "bad.yaml").write_text("version: 1\ndtype: bf16\npreset: hmpp\nfp32_instancs: []\n")
+    with pytest.raises(ConfigError) as exc:
+        Plan.load(tmp_path / "bad.yaml")
+    assert "fp32_instances" in str(exc.value)  # unknown key suggests the near one
+    with pytest.raises(ConfigError, match="did you mean"):
+        Plan(preset="hmpp")
+
+
+def test_plan_file_works_in_autocast(tmp_path):
+    Plan(dtype="bf16", preset="torch-cpu", fp32_instances=(OpInstance("1", "linear", 0),)).save(tmp_path / "p.yaml")
+    net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    with tuner.autocast(tmp_path / "p.yaml", model=net):
+        h = net[0](torch.randn(2, 4))
+        assert h.dtype == torch.bfloat16
+    out = []
+    with tuner.autocast(str(tmp_path / "p.yaml"), model=net, verbose=out.append):
+        net(torch.randn(2, 4))
+    assert [(d.module, d.compute) for d in out if d.op == "linear"] == [("0", "bf16"), ("1", "fp32")]
+
+
+def _out_dir(tmp_path, model, plan, inputs):
+    plan.save(tmp_path / "plan.yaml")
+    info = save_checkpoint(model, plan, inputs, tmp_path / "model.safetensors")
+    return info
+
+
+def test_checkpoint_stores_lowered_params_and_load_reproduces_metric(tmp_path):
+    task = PlantedTask(16, 1)
+    model = task.build()
+    fragile = next(iter(task.build().fragile_labels())).split(":")[0]
+    plan = Plan(dtype="bf16", preset="torch-cpu", fp32_instances=(OpInstance(fragile, "linear", 0),))
+    lowered = lowered_parameters(model, plan, task.example_inputs())
+    assert "chain.0.weight" in lowered and f"{fragile}.weight" not in lowered
+    info = _out_dir(tmp_path, model, plan, task.example_inputs())
+    assert info["lowered"] == len(lowered) and info["bytes"] < info["fp32_bytes"]
+    reference = copy.deepcopy(model)
+    tuner.attach(reference, plan, engine="python")
+    expected = task.evaluate(reference)
+    loaded = load(task.build(), tmp_path)
+    assert loaded.chain[0].weight.dtype == torch.bfloat16
+    assert getattr(loaded, fragile.split(".")[0])[0].weight.dtype == torch.float32
+    assert task.evaluate(loaded) == expected == 1.0
+    with torch.no_grad():
+        x = task.example_inputs()[0]
+        assert torch.equal(loaded(x), reference(x))  # same bits as the plan run on the FP32 model
+
+
+def test_all_bf16_checkpoint_is_about_half(tmp_path):
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    info = _out_dir(tmp_path, model, Plan(dtype="bf16", preset="torch-cpu"), (torch.randn(2, 64),))
+    assert info["bytes"] <= 0.52 * info["fp32_bytes"] + 1024  # header bytes
+
+
+def test_load_rejects_mismatches_and_corruption(tmp_path):
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
+    _out_dir(tmp_path, model, Plan(dtype="bf16", preset="torch-cpu",
+                                   fp32_instances=(OpInstance("1", "linear", 0),)), (torch.randn(2, 8),))
+    with pytest.raises(PlanMismatchError, match="shape"):
+        load(nn.Sequential(nn.Linear(8, 4), nn.Linear(4, 2)), tmp_path)
+    with pytest.raises(PlanMismatchError, match="missing"):
+        load(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2), nn.Linear(2, 2)), tmp_path)
+    with pytest.raises(PlanMismatchError, match="not in the model"):
+        load(nn.Sequential(nn.Linear(8, 8)), tmp_path)
+    data = (tmp_path / "model.safetensors").read_bytes()
+    (tmp_path / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(PlanMismatchError, match="truncated or corrupted"):
+        load(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2)), tmp_path)
+
+
+def test_attach_detach_and_hybrid_equals_engine():
+    task = PlantedTask(16, 1)
+    fragile = next(iter(task.build().fragile_labels())).split(":")[0]
+    plan = Plan(dtype="bf16", preset="torch-cpu", fp32_instances=(OpInstance(fragile, "linear", 0),))
+    x = task.example_inputs()[0]
+    a, b = task.build(), task.build()
+    tuner.attach(a, plan)  # torch.autocast + scoped engine
+    tuner.attach(b, plan, engine="python")
+    with torch.no_grad():
+        assert torch.equal(a(x), b(x))
+    tuner.detach(a)
+    with torch.no_grad():
+        assert torch.equal(a(x), task.build()(x))  # back to plain FP32

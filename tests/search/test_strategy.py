@@ -1,0 +1,82 @@
+"""PrecisionSearch on oracles: both regimes within the evaluation bound, cost-aware, thorough proves."""
+import math
+import random
+
+import pytest
+
+from tuner.search.strategy import PrecisionSearch, Probe, search_order
+
+
+def spread_out(n: int, seed: int, p: float, frac: float = 0.3, rank_noise: float = 0.5):
+    """Many small contributors: errors add in quadrature, the metric drop grows like error^p."""
+    rng = random.Random(seed)
+    true = [rng.lognormvariate(0, 1) for _ in range(n)]
+    scores = [t * rng.lognormvariate(0, rank_noise) for t in true]
+    costs = [rng.choice([1e3, 1e6, 4e6]) for _ in range(n)]
+    allowed = math.sqrt(sum(t * t for t in true)) * frac
+
+    def test(fp32):
+        residual = math.sqrt(sum(true[i] ** 2 for i in range(n) if i not in fp32))
+        drop = (residual / allowed) ** p
+        return Probe(drop <= 1.0, drop)
+
+    return scores, costs, test
+
+
+@pytest.mark.parametrize("n", [44, 140, 433])
+@pytest.mark.parametrize("p", [1.0, 2.0])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_spread_out_sensitivity_within_log2_bound(n, p, seed):
+    scores, costs, test = spread_out(n, seed, p)
+    first = test(frozenset())
+    assert not first.passed
+    out = PrecisionSearch(scores, test, costs=costs, all_low_failed=True, all_low_drop=first.drop).run()
+    # session adds 3: the baseline twice and the all-low trial; the target is ceil(log2 N) + 4 in all
+    assert out.evals + 3 <= math.ceil(math.log2(n)) + 4
+    assert out.fp32 is not None and test(out.fp32).passed
+    # the cut is tight: one instance fewer (the last one of the prefix) fails
+    assert len(out.fp32) < n
+
+
+def test_cost_aware_order_keeps_heavy_ops_low():
+    # two ops with the same error: the cheap one goes to FP32 first
+    order, gap = search_order([1.0, 1.0, 0.1], [1e6, 1e3, 1e3])
+    assert gap is None and order[0] == 1
+
+
+def test_few_fragile_ops_cost_two_probes():
+    n, fragile = 50, {7, 31}
+    scores = [1000.0 if i in fragile else 1.0 + i * 0.01 for i in range(n)]
+    calls = []
+
+    def test(fp32):
+        calls.append(fp32)
+        return fragile <= fp32
+
+    out = PrecisionSearch(scores, test, all_low_failed=True).run()
+    assert out.fp32 == frozenset(fragile) and len(calls) == 2 and out.trusted_gap
+
+
+def test_bound_holds_even_when_the_drops_mislead():
+    rng = random.Random(3)
+    n, cut = 200, 137
+
+    def test(fp32):
+        passed = len(fp32) >= cut
+        return Probe(passed, rng.uniform(0.01, 50))  # drops that say nothing
+
+    out = PrecisionSearch([1.0] * n, test, all_low_failed=True, all_low_drop=30.0).run()
+    assert out.evals <= math.ceil(math.log2(n)) + 1
+    # exact up to the instances the search may leave undecided (under 1% of the cost)
+    assert out.fp32 is not None and cut <= len(out.fp32) <= cut + n // 100
+
+
+def test_thorough_finds_a_misranked_fragile_op():
+    n, bad = 64, 63  # uninformative ranking: the fragile op ranks last
+    out = PrecisionSearch([1.0] * n, lambda fp32: bad in fp32, thorough=True).run()
+    assert out.fp32 == frozenset({bad})
+
+
+def test_nothing_passes_reports_none():
+    out = PrecisionSearch([1.0, 2.0, 3.0], lambda fp32: False, all_low_failed=True).run()
+    assert out.fp32 is None and out.evals <= 3

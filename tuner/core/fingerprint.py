@@ -1,0 +1,97 @@
+"""Fingerprints: what a journal or plan was made for, so a mismatch is caught instead of reused.
+
+- `source_digest`: the bytes of the user's files (model file, eval/inputs files).
+- `structure_digest`: module paths and classes, parameter/buffer names and shapes.
+  Dtypes are left out on purpose: a loaded checkpoint stores some weights in
+  bf16 and must still match the FP32 model it was tuned on.
+- `weights_digest`: sha256 over every tensor of the state dict (names, dtypes,
+  shapes, bytes). One pass over the weights, about 1-2 GB/s on a CPU.
+- `ModelState`: a cheap record of a model's object graph (module and tensor
+  identities, version counters, training flags, hooks) plus its weights
+  digest, to tell whether `evaluate` changed the model.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+_CHUNK = 1 << 24  # bytes copied from a non-CPU device at a time
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def source_digest(paths: Iterable[str | Path]) -> str:
+    """sha256 over the contents of the user's files (in a stable order)."""
+    h = hashlib.sha256()
+    for path in sorted({str(Path(p).resolve()) for p in paths}):
+        h.update(Path(path).name.encode() + b"\0")
+        h.update(bytes.fromhex(sha256_file(path)))
+    return h.hexdigest()
+
+
+def structure_digest(model: nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, module in model.named_modules():
+        h.update(f"m {name} {type(module).__qualname__}\n".encode())
+    for name, t in model.state_dict(keep_vars=True).items():
+        h.update(f"t {name} {tuple(t.shape)}\n".encode())
+    return h.hexdigest()
+
+
+def _tensor_bytes(t: torch.Tensor, h: hashlib._Hash) -> None:
+    t = t.detach()
+    if t.device.type == "meta":
+        h.update(b"meta")
+        return
+    flat = t.contiguous().reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+    if flat.device.type == "cpu":
+        h.update(memoryview(flat.numpy()))
+        return
+    for start in range(0, flat.numel(), _CHUNK):
+        h.update(memoryview(flat[start:start + _CHUNK].cpu().numpy()))
+
+
+def weights_digest(model: nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, t in model.state_dict(keep_vars=True).items():
+        if not isinstance(t, torch.Tensor):
+            continue
+        h.update(f"{name} {t.dtype} {tuple(t.shape)}\n".encode())
+        _tensor_bytes(t, h)
+    return h.hexdigest()
+
+
+def _object_graph(model: nn.Module) -> tuple:
+    """Identities and flags that change when code rebinds, swaps or retrains parts of the model."""
+    items: list[tuple] = []
+    for name, module in model.named_modules(remove_duplicate=False):
+        items.append((name, id(module), type(module), module.training, "forward" in module.__dict__,
+                      len(module._forward_hooks), len(module._forward_pre_hooks)))
+    for name, t in model.state_dict(keep_vars=True).items():
+        if isinstance(t, torch.Tensor):
+            items.append((name, id(t), t.data_ptr() if t.device.type != "meta" else 0, t._version,
+                          t.dtype, tuple(t.shape), t.device, t.requires_grad))
+    return tuple(items)
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """The model as it is now: compare two with == to learn whether anything changed."""
+
+    graph: tuple
+    weights: str
+
+    @classmethod
+    def capture(cls, model: nn.Module) -> ModelState:
+        return cls(_object_graph(model), weights_digest(model))

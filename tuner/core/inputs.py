@@ -1,0 +1,150 @@
+"""One forward call's inputs (positional and keyword), and the tensors inside nested outputs.
+
+HF models are called with keyword arguments (`model(input_ids=..., attention_mask=...)`)
+and return dicts or dataclasses (`ModelOutput`); CNNs take one tensor and return one.
+`ModelInputs` holds both kinds of call, and `float_leaves` / `map_tensors` walk
+any output the way torch's own pytree would: tensors inside tuples, lists,
+dicts (ModelOutput is one) and dataclasses.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+def map_tensors(x: Any, fn: Callable[[Tensor], Any]) -> Any:
+    """`x` with every tensor inside it replaced by fn(tensor); containers keep their type."""
+    if isinstance(x, Tensor):
+        return fn(x)
+    if isinstance(x, tuple) and hasattr(x, "_fields"):  # namedtuple
+        return type(x)(*(map_tensors(i, fn) for i in x))
+    if isinstance(x, (list, tuple)):
+        items = [map_tensors(i, fn) for i in x]
+        return tuple(items) if isinstance(x, tuple) else items
+    if isinstance(x, Mapping):
+        mapped = {k: map_tensors(v, fn) for k, v in x.items()}
+        try:
+            return type(x)(mapped)  # ModelOutput, OrderedDict
+        except Exception:  # noqa: BLE001 - a mapping type that cannot be built from a dict
+            return mapped
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        try:
+            return dataclasses.replace(x, **{f.name: map_tensors(getattr(x, f.name), fn)
+                                             for f in dataclasses.fields(x) if f.init})
+        except Exception:  # noqa: BLE001 - frozen or custom __init__: leave it as it is
+            return x
+    return x
+
+
+def tensor_leaves(x: Any) -> list[Tensor]:
+    """Every tensor inside `x` (tuples, lists, dicts, ModelOutput, dataclasses), in order."""
+    found: list[Tensor] = []
+    _collect(x, found, set())
+    return found
+
+
+def _collect(x: Any, found: list[Tensor], seen: set[int]) -> None:
+    if isinstance(x, Tensor):
+        found.append(x)
+        return
+    if id(x) in seen:
+        return
+    if isinstance(x, (list, tuple)):
+        seen.add(id(x))
+        for i in x:
+            _collect(i, found, seen)
+    elif isinstance(x, Mapping):
+        seen.add(id(x))
+        for v in x.values():
+            _collect(v, found, seen)
+    elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+        seen.add(id(x))
+        for f in dataclasses.fields(x):
+            _collect(getattr(x, f.name, None), found, seen)
+
+
+def float_leaves(x: Any) -> list[Tensor]:
+    """The floating-point tensors inside `x`: what an output's error is computed over."""
+    return [t for t in tensor_leaves(x) if t.is_floating_point()]
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """The arguments of one forward call: `model(*args, **kwargs)`."""
+
+    args: tuple = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, value: Any) -> ModelInputs:
+        """What `example_inputs()` returned: a tuple of positional args, a dict of keyword args (HF style),
+        or one object (a tensor), which is the only positional argument."""
+        if isinstance(value, ModelInputs):
+            return value
+        if isinstance(value, tuple) and not hasattr(value, "_fields"):
+            return cls(args=value)
+        if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+            return cls(kwargs=dict(value))
+        return cls(args=(value,))
+
+    def call(self, fn: Callable[..., Any]) -> Any:
+        return fn(*self.args, **self.kwargs)
+
+    def map(self, fn: Callable[[Tensor], Any]) -> ModelInputs:
+        return ModelInputs(map_tensors(self.args, fn), {k: map_tensors(v, fn) for k, v in self.kwargs.items()})
+
+    def to(self, device: str | torch.device) -> ModelInputs:
+        return self.map(lambda t: t.to(device))
+
+    def snapshot(self) -> ModelInputs:
+        """A detached copy that later in-place changes of the caller's tensors cannot reach."""
+        return self.map(lambda t: t.detach().clone())
+
+    def named(self) -> list[tuple[str, Any]]:
+        """Every argument under the name `flat` gives it: ("args.0", a), ("kwargs.input_ids", v), in call order."""
+        return [(f"args.{i}", a) for i, a in enumerate(self.args)] + \
+            [(f"kwargs.{k}", v) for k, v in self.kwargs.items()]
+
+    def __iter__(self) -> Iterator[Any]:
+        """The positional args, for code written when inputs were a tuple (`model(*inputs)`).
+
+        Refused when there are keyword args, which unpacking would silently drop: use `.call(model)`.
+        """
+        if self.kwargs:
+            raise TypeError(f"these inputs have keyword arguments ({', '.join(self.kwargs)}); unpacking them as "
+                            "positional args would drop those: call the model with ModelInputs.call")
+        return iter(self.args)
+
+    def flat(self) -> dict[str, Tensor] | None:
+        """{"args.0": t, "kwargs.input_ids": t} when every argument is a tensor or None (what safetensors
+        can hold); None otherwise."""
+        out: dict[str, Tensor] = {}
+        for name, value in [(f"args.{i}", a) for i, a in enumerate(self.args)] + \
+                [(f"kwargs.{k}", v) for k, v in self.kwargs.items()]:
+            if isinstance(value, Tensor):
+                out[name] = value
+            elif value is not None:
+                return None
+        return out
+
+    @classmethod
+    def from_flat(cls, tensors: Mapping[str, Tensor]) -> ModelInputs:
+        """The inverse of `flat` (None arguments were dropped by it and stay dropped)."""
+        args = [(int(k.split(".", 1)[1]), v) for k, v in tensors.items() if k.startswith("args.")]
+        kwargs = {k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith("kwargs.")}
+        return cls(tuple(v for _, v in sorted(args)), kwargs)
+
+    def describe(self) -> str:
+        parts = [_shape(a) for a in self.args] + [f"{k}={_shape(v)}" for k, v in self.kwargs.items()]
+        return "(" + ", ".join(parts) + ")"
+
+
+def _shape(x: Any) -> str:
+    if isinstance(x, Tensor):
+        return f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}"
+    return type(x).__name__

@@ -1,0 +1,385 @@
+"""Load the user's model file: `build_model()`, `evaluate(model)` and optionally `example_inputs()`.
+
+The file is imported by path (not by module name) so `mpt tune path/to/model.py`
+works from any directory, and every call into it goes through `call_user`, so
+a failure in user code becomes a one-line UserCodeError pointing at the
+user's file and line rather than a traceback through torch and mpt.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import itertools
+import numbers
+import os
+import re
+import sys
+import threading
+import traceback
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tuner.core.errors import ConfigError, UserCodeError
+from tuner.core.inputs import ModelInputs
+
+__all__ = ["UserModel", "load_user_model", "call_user", "call_forward", "DEFAULT_BUILD", "DEFAULT_EVAL",
+           "DEFAULT_INPUTS"]
+
+DEFAULT_BUILD = "build_model"
+DEFAULT_EVAL = "evaluate"
+DEFAULT_INPUTS = "example_inputs"
+
+_MAX_MESSAGE = 300
+
+# Files loaded by this module: a traceback frame in one of them is "the user's" (torch's and ours are not).
+_user_files: set[str] = set()
+_counter = itertools.count(1)
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class UserModel:
+    """The user's functions, each wrapped so that its failures and bad return values become UserCodeError.
+
+    `eval_fn` is None only when loaded with `require_eval=False` from a file
+    without an evaluate function; `inputs_fn` is None when there is no
+    example_inputs function. `files` are the user's files that were imported
+    (the model file first): what a journal or plan fingerprints as its source.
+    """
+
+    path: Path
+    build_fn: Callable[[], Any]
+    eval_fn: Callable[[Any], Any] | None
+    inputs_fn: Callable[[], Any] | None
+    files: tuple[Path, ...] = ()
+
+    def build(self) -> torch.nn.Module:
+        name = _fn_name(self.build_fn, DEFAULT_BUILD)
+        model = call_user(self.build_fn, what=name)
+        if not isinstance(model, torch.nn.Module):
+            raise UserCodeError(f"{name} returned {_describe(model)}, expected a torch.nn.Module",
+                                where=_definition_site(self.build_fn))
+        meta = _meta_tensors(model)
+        if meta:
+            raise UserCodeError(f"{name} returned a model on the meta device ({meta}): its weights are not "
+                                "materialized; load or initialize them before returning it",
+                                where=_definition_site(self.build_fn))
+        return model
+
+    def evaluate(self, model: Any) -> float:
+        """The metric as a float; NaN and inf are returned as is, since only the caller knows if they are fatal."""
+        if self.eval_fn is None:
+            raise ConfigError(f"{self.path.name} has no function '{DEFAULT_EVAL}'")
+        name = _fn_name(self.eval_fn, DEFAULT_EVAL)
+        value = call_user(self.eval_fn, model, what=name)
+        metric = _to_float(value)
+        if metric is None:
+            hint = " (missing `return`?)" if value is None else ""
+            raise UserCodeError(f"{name} returned {_describe(value)}, expected a single number{hint}",
+                                where=_definition_site(self.eval_fn))
+        return metric
+
+    def example_inputs(self) -> ModelInputs | None:
+        """One forward call's arguments: a tuple is positional args, a dict with str keys keyword args
+        (HF style, `model(**inputs)`), a lone tensor the only argument."""
+        if self.inputs_fn is None:
+            return None
+        name = _fn_name(self.inputs_fn, DEFAULT_INPUTS)
+        value = call_user(self.inputs_fn, what=name)
+        if isinstance(value, (tuple, torch.Tensor, ModelInputs)):
+            return ModelInputs.of(value)
+        if isinstance(value, Mapping):
+            bad = [k for k in value if not isinstance(k, str)]
+            if not bad:
+                return ModelInputs.of(value)
+            raise UserCodeError(f"{name} returned a dict with key {bad[0]!r}; a dict's keys are the forward's "
+                                "keyword argument names (str)", where=_definition_site(self.inputs_fn))
+        hint = " (use tuple(...) for positional args, or (x,) for one list argument)" if isinstance(value, list) else ""
+        raise UserCodeError(f"{name} returned {_describe(value)}, expected a tuple of positional args, "
+                            f"a dict of keyword args or a tensor{hint}", where=_definition_site(self.inputs_fn))
+
+
+def load_user_model(spec: str, *, model: str | None = None, eval: str | None = None,  # noqa: A002
+                    inputs: str | None = None, require_eval: bool = True) -> UserModel:
+    """Import `spec` (`path.py` or `path.py:build_fn`) and pick its functions.
+
+    `model`, `eval` and `inputs` override the function names: `name` looks in
+    the same file, `other.py:name` (or `other.py`, for the default name) in
+    another file, relative to the working directory or else to the model
+    file's folder. A default-named function that is absent is an error only
+    for build_model (and evaluate when `require_eval`); a name the user gave
+    must exist.
+    """
+    path_text, build_name = _split_spec(spec)
+    path = _check_file(path_text, "model file")
+    if build_name is not None and model is not None and model != build_name:
+        raise ConfigError(f"the build function is given twice ({spec!r} and {model!r}); give one")
+    modules: dict[Path, types.ModuleType] = {path: _import_file(path)}
+
+    build_fn = _pick(model if model is not None else build_name, DEFAULT_BUILD, "model", path, modules, True)
+    eval_fn = _pick(eval, DEFAULT_EVAL, "eval", path, modules, require_eval)
+    inputs_fn = _pick(inputs, DEFAULT_INPUTS, "inputs", path, modules, False)
+    assert build_fn is not None
+    return UserModel(path=path, build_fn=build_fn, eval_fn=eval_fn, inputs_fn=inputs_fn, files=tuple(modules))
+
+
+def call_user(fn: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -> Any:
+    """Run user code; any Exception becomes UserCodeError("<what> raised Type: msg") at the user's line.
+
+    KeyboardInterrupt passes through, and so does a UserCodeError from a nested
+    call, which already says where. `sys.exit()` in user code is an error too:
+    it would otherwise end mpt silently with the user's exit code.
+    """
+    return _run_user(fn, args, kwargs, what=what, own=_source_file(fn))
+
+
+def call_forward(model: Any, inputs: ModelInputs | tuple, *, what: str = "forward") -> Any:
+    """`model(*args, **kwargs)` with call_user's semantics: a failure is a UserCodeError at the user's line.
+
+    `inputs` is a ModelInputs or a tuple of positional args (ModelInputs.of).
+
+    The user's files are those load_user_model imported plus the file that
+    defines the model's forward, unless that is torch's own (nn.Sequential):
+    a frame inside torch is never "the user's line".
+    """
+    forward = getattr(type(model), "forward", None)
+    own = _source_file(forward) if forward is not None else None
+    if own is not None and own.startswith(_TORCH_DIR):
+        own = None
+    call = ModelInputs.of(inputs)
+    return _run_user(model, call.args, dict(call.kwargs), what=what, own=own)
+
+
+def _run_user(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], *, what: str, own: str | None) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except UserCodeError:
+        raise
+    except (Exception, SystemExit) as exc:
+        files = set(_user_files)
+        if own:
+            files.add(own)
+        summary = f"called sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else f"raised {_exc_summary(exc)}"
+        raise UserCodeError(f"{what} {summary}", where=_user_frame(exc, files), original=exc) from exc
+
+
+# --- spec parsing and import -------------------------------------------------------------------------------
+
+def _split_spec(spec: str) -> tuple[str, str | None]:
+    """`path.py:name` -> (path, name); a colon that is part of the path (C:\\...) is left alone."""
+    head, sep, tail = spec.rpartition(":")
+    if not sep or not (tail.isidentifier() or head.lower().endswith(".py")):
+        return spec, None
+    if not tail.isidentifier():
+        raise ConfigError(f"{tail!r} in {spec!r} is not a valid function name")
+    if not head:
+        raise ConfigError(f"missing file name before ':' in {spec!r}")
+    return head, tail
+
+
+def _check_file(path_text: str, label: str, *, base: Path | None = None) -> Path:
+    path = Path(path_text).expanduser()
+    if not path.is_absolute() and not path.exists() and base is not None and (base / path).exists():
+        path = base / path
+    if not path.exists():
+        raise ConfigError(f"{label} not found: {path_text}")
+    if path.is_dir():
+        raise ConfigError(f"{label} is a directory, expected a .py file: {path_text}")
+    if path.suffix != ".py":
+        raise ConfigError(f"{label} must be a Python .py file: {path_text}")
+    path = path.resolve()
+    try:
+        head = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {label} {path_text}: {exc.strerror or exc}") from exc
+    if b"\x00" in head:
+        raise ConfigError(f"{label} is not Python source (it contains NUL bytes): {path_text}")
+    return path
+
+
+def _import_file(path: Path) -> types.ModuleType:
+    """Import one file under a fresh module name, with its folder first on sys.path so its siblings import."""
+    stem = re.sub(r"\W", "_", path.stem)
+    with _lock:
+        name = f"_mpt_user_{stem}_{next(_counter)}"
+        _user_files.add(_norm(str(path)))
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:  # pragma: no cover - .py files always get a loader
+        raise ConfigError(f"cannot import {path.name}")
+    module = importlib.util.module_from_spec(spec)
+    folder = str(path.parent)
+    sys.modules[name] = module  # dataclasses and pickle look the module up by name
+    sys.path.insert(0, folder)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        sys.modules.pop(name, None)
+        raise _syntax_error(exc, path) from exc
+    except UserCodeError:
+        sys.modules.pop(name, None)
+        raise
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        raise UserCodeError(f"importing {path.name} raised {_exc_summary(exc)}",
+                            where=_user_frame(exc, {_norm(str(path))}), original=exc) from exc
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    finally:
+        try:
+            sys.path.remove(folder)
+        except ValueError:  # the user's file removed it itself
+            pass
+    return module
+
+
+def _syntax_error(exc: SyntaxError, path: Path) -> UserCodeError:
+    bad = Path(exc.filename) if exc.filename and os.path.exists(exc.filename) else path
+    where = f"{bad.name}:{exc.lineno}" if exc.lineno else bad.name
+    prefix = "" if _norm(str(bad)) == _norm(str(path)) else f"importing {path.name}: "
+    return UserCodeError(f"{prefix}{bad.name} is not valid Python: {_one_line(exc.msg or str(exc))}",
+                         where=where, original=exc)
+
+
+def _pick(given: str | None, default: str, role: str, path: Path, modules: dict[Path, types.ModuleType],
+          required: bool) -> Callable[..., Any] | None:
+    """Resolve `name` or `file.py:name` (or `file.py`) to a callable; None if optional and absent."""
+    if given is None:
+        file, name, explicit = path, default, False
+    else:
+        if ":" in given or given.lower().endswith(".py"):
+            file_text, name_or_none = _split_spec(given)
+            if name_or_none is None and not file_text.lower().endswith(".py"):
+                raise ConfigError(f"{given!r} ({role}) is neither a function name nor FILE.py:NAME")
+            file = _check_file(file_text, f"{role} file", base=path.parent)
+            name = name_or_none or default
+        elif given.isidentifier():
+            file, name = path, given
+        else:
+            raise ConfigError(f"{given!r} ({role}) is not a valid function name or FILE.py:NAME")
+        explicit = True
+    module = modules.get(file)
+    if module is None:
+        module = modules[file] = _import_file(file)
+    if not hasattr(module, name):
+        if not explicit and not required:
+            return None
+        found = _defined_callables(module)
+        listing = ", ".join(found[:12]) + (", ..." if len(found) > 12 else "") if found else "no functions"
+        raise ConfigError(f"{file.name} has no function '{name}'; found: {listing}")
+    obj = getattr(module, name)
+    if not callable(obj):
+        raise ConfigError(f"{file.name}: '{name}' is {_describe(obj)}, not a function")
+    return obj
+
+
+def _defined_callables(module: types.ModuleType) -> list[str]:
+    """Public functions and classes defined in the module itself (not imported ones), in definition order."""
+    return [k for k, v in vars(module).items()
+            if not k.startswith("_") and callable(v) and getattr(v, "__module__", None) == module.__name__]
+
+
+# --- locating and describing failures ------------------------------------------------------------------------
+
+def _norm(filename: str) -> str:
+    return os.path.normcase(os.path.realpath(filename))
+
+
+_TORCH_DIR = _norm(os.path.dirname(torch.__file__)) + os.sep
+
+
+def _meta_tensors(model: torch.nn.Module) -> str:
+    """'' when every parameter and buffer holds data, else which ones are on the meta device."""
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    meta = [name for name, t in tensors if t.is_meta]
+    if not meta:
+        return ""
+    if len(meta) == len(tensors):
+        return "all its tensors"
+    return f"{len(meta)} of {len(tensors)} tensors, e.g. {meta[0]!r}"
+
+
+def _user_frame(exc: BaseException, files: set[str]) -> str | None:
+    """`file.py:LINE` of the innermost traceback frame in one of `files`."""
+    where = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if frame.filename and not frame.filename.startswith("<") and _norm(frame.filename) in files:
+            where = f"{os.path.basename(frame.filename)}:{frame.lineno}"
+    return where
+
+
+def _source_file(fn: Any) -> str | None:
+    """The file a callable was defined in, through partials, bound methods and decorators."""
+    for _ in range(10):
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+        elif hasattr(fn, "__wrapped__"):
+            fn = fn.__wrapped__
+        elif hasattr(fn, "__func__"):
+            fn = fn.__func__
+        else:
+            break
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        call = getattr(type(fn), "__call__", None)
+        code = getattr(call, "__code__", None)
+    return _norm(code.co_filename) if code is not None and not code.co_filename.startswith("<") else None
+
+
+def _definition_site(fn: Any) -> str | None:
+    code = getattr(fn, "__code__", None)
+    if code is None or code.co_filename.startswith("<"):
+        return None
+    return f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}"
+
+
+def _fn_name(fn: Any, default: str) -> str:
+    name = getattr(fn, "__name__", None)
+    return name if isinstance(name, str) and name != "<lambda>" else default
+
+
+def _one_line(text: str) -> str:
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    if not lines:
+        return ""
+    first = lines[0] + (" [...]" if len(lines) > 1 else "")
+    return first if len(first) <= _MAX_MESSAGE else first[:_MAX_MESSAGE - 3] + "..."
+
+
+def _exc_summary(exc: BaseException) -> str:
+    msg = _one_line(str(exc))
+    return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+
+
+def _describe(value: Any) -> str:
+    """Name what a user function returned, briefly: `None`, `str ('abc')`, `a tensor with 2 elements (shape [2])`."""
+    if value is None:
+        return "None"
+    if isinstance(value, torch.Tensor):
+        return f"a tensor with {value.numel()} elements (shape {list(value.shape)}, {value.dtype})"
+    if hasattr(value, "shape") and hasattr(value, "size") and isinstance(value.size, int):
+        return f"an array with {value.size} elements (shape {list(value.shape)})"
+    shown = repr(value)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return f"{type(value).__name__} ({_one_line(shown)})"
+
+
+def _to_float(value: Any) -> float | None:
+    """A single real number as float (NaN/inf kept); None for anything else (bool included, since it is a bug)."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.is_complex() or value.dtype == torch.bool:
+            return None
+        return float(value.detach().reshape(()).item())
+    size = getattr(value, "size", None)
+    if isinstance(size, int) and hasattr(value, "item") and hasattr(value, "shape"):  # numpy scalar or array
+        if size != 1:
+            return None
+        value = value.item()
+    if isinstance(value, bool):
+        return None
+    return float(value) if isinstance(value, numbers.Real) else None

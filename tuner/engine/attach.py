@@ -1,0 +1,365 @@
+"""The public ways to turn a policy on: `with tuner.autocast(...)`, `tuner.convert()`, `tuner.attach()`."""
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from tuner.core.dtypes import parse_dtype, short_name
+from tuner.core.errors import ConfigError
+from tuner.engine.function_mode import Decision, PrecisionEngine
+from tuner.policy.plan import Plan
+from tuner.policy.presets import Policy, custom_policy, load_preset
+
+from . import native
+
+log = logging.getLogger("tuner")
+
+PolicyLike = str | Path | Plan | Policy
+
+
+def as_plan(policy: PolicyLike) -> PolicyLike:
+    """A plan file or folder read into a Plan; anything else as given."""
+    if isinstance(policy, (str, Path)) and (str(policy).endswith((".yaml", ".yml")) or Path(policy).is_dir()):
+        return Plan.load(policy)
+    return policy
+
+
+def check_plan_fits(policy: PolicyLike, model: nn.Module | None) -> None:
+    """PlanMismatchError when `policy` is a plan recorded for another architecture than `model`.
+
+    Plans without `model:` (older or hand-written ones) are accepted as they are.
+    """
+    if model is not None and isinstance(policy, Plan) and policy.model is not None:
+        policy.model.check_structure(model)
+
+
+def resolve(policy: PolicyLike, dtype: str | torch.dtype | None = None,
+            modules: Mapping[str, str | torch.dtype] | None = None) -> tuple[Policy, torch.dtype, dict, dict]:
+    """(policy, dtype, module overrides, instance overrides) from a preset name, plan file or object."""
+    instances: dict = {}
+    mods: dict = {}
+    policy = as_plan(policy)
+    if isinstance(policy, Plan):
+        pol = policy.policy()
+        default_dtype = policy.torch_dtype
+        mods = policy.module_overrides()
+        instances = policy.instance_overrides()
+    elif isinstance(policy, Policy):
+        pol, default_dtype = policy, parse_dtype(policy.dtype)
+    elif isinstance(policy, str):
+        pol = load_preset(policy)
+        default_dtype = parse_dtype(pol.dtype)
+    else:
+        raise ConfigError(f"policy must be a preset name, a plan file or a Plan/Policy, found {type(policy).__name__}")
+    try:
+        lower = parse_dtype(dtype, lower_only=True) if dtype is not None else default_dtype
+        for k, v in (modules or {}).items():
+            mods[k] = parse_dtype(v)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return pol, lower, mods, instances
+
+
+class _VerboseHandler(logging.StreamHandler):
+    """The stderr handler `verbose=True` adds to the `tuner` logger when logging is not set up.
+
+    It writes to whatever `sys.stderr` is when a record is emitted (redirections and pytest's capture included).
+    """
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+def _show_verbose_log() -> None:
+    """Make `verbose=True` visible without logging setup: with no handler anywhere on the `tuner` logger's
+    path (the root logger included), add one that writes `tuner: MESSAGE` lines to stderr at INFO. A
+    configured logging setup (any handler) is left alone: the decisions go where it sends INFO records."""
+    if log.hasHandlers():
+        if any(isinstance(h, _VerboseHandler) for h in log.handlers) and log.getEffectiveLevel() > logging.INFO:
+            log.setLevel(logging.INFO)
+        return
+    handler = _VerboseHandler()
+    handler.setFormatter(logging.Formatter("tuner: %(message)s"))
+    log.addHandler(handler)
+    if log.getEffectiveLevel() > logging.INFO:
+        log.setLevel(logging.INFO)
+
+
+def _log_decision(decision: Decision) -> None:
+    log.info("%s  %s#%d  %s -> %s  (%s)", decision.module or "(root)", decision.op, decision.index,
+             ",".join(decision.in_dtypes) or "-", decision.compute, decision.reason)
+
+
+def _native_ok(pol: Policy) -> bool:
+    return pol.native == "cpu" or (pol.native == "cuda" and torch.cuda.is_available())
+
+
+class autocast:
+    """Run ops in a lower precision by policy: `with tuner.autocast("hmp", dtype="bf16"): model(x)`.
+
+    `policy` is a preset name, a plan file (or output folder), a Plan or a Policy.
+    `modules` maps a module path or glob to a dtype and wins over the op lists.
+    `verbose=True` logs every decision to the `tuner` logger at INFO; when logging is not set up (no
+    handler), it adds a stderr handler so the lines show (`tuner: MODULE  OP#N  IN -> COMPUTE  (RULE)`).
+    A callable gets each Decision instead.
+    `engine="auto"` uses torch.autocast itself when the policy is its own list and
+    nothing needs per-call Python; `"python"` always uses mpt's engine.
+    A plan that records another model's structure than `model` is refused.
+    """
+
+    def __init__(self, policy: PolicyLike = "torch-cpu", dtype: str | torch.dtype | None = None, *,
+                 model: nn.Module | None = None, modules: Mapping[str, str | torch.dtype] | None = None,
+                 verbose: bool | Callable[[Decision], None] = False,
+                 recorder: Callable[..., None] | None = None, engine: str = "auto",
+                 lower_list: str | Path | None = None, fp32_list: str | Path | None = None,
+                 dry_run: bool = False) -> None:
+        policy = as_plan(policy)
+        check_plan_fits(policy, model)
+        pol, lower, mods, instances = resolve(policy, dtype, modules)
+        if lower_list or fp32_list:
+            pol = custom_policy(pol, lower_file=lower_list, fp32_file=fp32_list)
+        if engine not in ("auto", "python", "torch"):
+            raise ConfigError(f"engine: expected auto, python or torch, found {engine!r}")
+        self.policy, self.dtype = pol, lower
+        verbose_fn = _log_decision if verbose is True else (verbose or None)
+        if verbose is True:
+            _show_verbose_log()
+        plain = not mods and not instances and recorder is None and verbose_fn is None and not dry_run
+        self.native = engine == "torch" or (engine == "auto" and plain and _native_ok(pol))
+        if self.native:
+            if not plain or pol.native is None:
+                raise ConfigError("engine='torch' needs a torch-* preset and no overrides, recorder or verbose")
+            self._ctx: Any = torch.autocast(pol.native, dtype=lower)
+        else:
+            self._ctx = PrecisionEngine(pol, lower, root=model, module_overrides=mods,
+                                        instance_overrides=instances, recorder=recorder, verbose=verbose_fn,
+                                        dry_run=dry_run)
+
+    @property
+    def engine(self) -> PrecisionEngine | None:
+        return None if self.native else self._ctx
+
+    def __enter__(self) -> autocast:
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._ctx.__exit__(*exc)
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+
+# ----- HMP-style process-wide switch ------------------------------------------------
+_GLOBAL: list[autocast] = []
+
+
+def convert(opt_level: str | None = None, lower_list_path: str | Path | None = "",
+            fp32_list_path: str | Path | None = "", verbose: bool = False, *,
+            dtype: str | torch.dtype = "bf16", preset: str | None = None) -> autocast:
+    """Turn mixed precision on for the whole script, like `hmp.convert()`.
+
+    opt_level None uses the `hmp` preset (Habana HMP's default lists); "O1"/"O2" use
+    `hmp-o1`/`hmp-o2`; `preset` picks any other. `lower_list_path` and
+    `fp32_list_path` replace the lists (HMP's bf16_file_path/fp32_file_path).
+    Wrap optimizer steps in `tuner.disable_casts()`. Undo with `tuner.revert()`.
+    """
+    if preset is None:
+        levels = {None: "hmp", "O1": "hmp-o1", "O2": "hmp-o2"}
+        key = opt_level.upper() if isinstance(opt_level, str) else opt_level
+        if key not in levels:
+            raise ConfigError(f"opt_level: expected O1 or O2, found {opt_level!r}")
+        preset = levels[key]
+    revert()
+    ctx = autocast(preset, dtype, verbose=verbose, engine="python",
+                   lower_list=lower_list_path or None, fp32_list=fp32_list_path or None)
+    ctx.__enter__()
+    _GLOBAL.append(ctx)
+    return ctx
+
+
+def revert() -> None:
+    """Undo `tuner.convert()`."""
+    while _GLOBAL:
+        _GLOBAL.pop().__exit__(None, None, None)
+
+
+# ----- plans that travel with the model ------------------------------------------------
+_ATTACHED = "_mpt_precision"
+
+
+def attach(model: nn.Module, policy: PolicyLike, dtype: str | torch.dtype | None = None, *,
+           engine: str = "auto") -> nn.Module:
+    """Make `model(...)` run under the policy with no `with` block (what `tuner.load` returns).
+
+    Ops inside the model's forward follow the plan; code around the call
+    (the user's metric, the loss) runs as usual. `tuner.detach(model)` undoes it
+    and `tuner.attached(model)` says how the plan runs (`native.Execution`).
+
+    With a torch-* preset and engine="auto" the plan runs natively: under
+    torch.autocast, with its FP32 overrides as module regions (`tuner.engine.native`),
+    so `torch.compile` and `torch.export` see plain torch code. Plans regions
+    cannot express run torch.autocast with mpt's engine inside the modules that
+    need it (scoped); other presets or engine="python" use mpt's engine throughout.
+    Raises PlanMismatchError when the plan was made for another model.
+    """
+    policy = as_plan(policy)
+    check_plan_fits(policy, model)
+    detach(model)
+    pol, lower, mods, instances = resolve(policy, dtype)
+    if engine not in ("auto", "python", "torch"):
+        raise ConfigError(f"engine: expected auto, python or torch, found {engine!r}")
+    reason = "engine='python'" if engine == "python" else \
+        f"preset {pol.name} is not torch.autocast's own lists" if not _native_ok(pol) else ""
+    if engine == "torch" and not _native_ok(pol):
+        raise ConfigError("engine='torch' needs a torch-* preset on its own device")
+    if not reason:
+        realized = native.realize(model, pol.native, lower, mods, instances)  # type: ignore[arg-type]
+        if isinstance(realized, native.Execution):
+            setattr(model, _ATTACHED, _Attachment(realized, native.install(model, realized)))
+            return model
+        reason = realized
+        if engine == "torch":
+            raise ConfigError(f"engine='torch' cannot run this plan: {reason}")
+        forward, scoped = _scoped_forward(model, pol, lower, mods, instances)
+        execution = native.Execution(native.ExecutionPath.SCOPED, pol.native, lower, python_modules=scoped,
+                                     reason=reason)
+    else:
+        ctx = _engine_ctx(model, pol, lower, mods, instances)
+        forward = _full_forward(model, ctx)
+        execution = native.Execution(native.ExecutionPath.PYTHON, reason=reason)
+    before = model.__dict__.get("forward")
+    model.forward = torch.compiler.disable(forward)  # mpt's engine is Python per op: never traced  # type: ignore[method-assign]
+    setattr(model, _ATTACHED, _Attachment(execution, [(model, before)], getattr(forward, "_mpt_handles", [])))
+    return model
+
+
+@dataclass
+class _Attachment:
+    execution: native.Execution
+    wrapped: native.Wrapped  # modules whose forward was replaced, and what they had before
+    handles: list[Any] = field(default_factory=list)  # hooks of the scoped path
+
+
+def _engine_ctx(model: nn.Module, pol: Policy, lower: torch.dtype, mods: dict, instances: dict) -> autocast:
+    ctx = autocast.__new__(autocast)
+    ctx.policy, ctx.dtype, ctx.native = pol, lower, False
+    ctx._ctx = PrecisionEngine(pol, lower, root=model, module_overrides=mods, instance_overrides=instances)
+    return ctx
+
+
+def _full_forward(model: nn.Module, ctx: autocast) -> Callable[..., Any]:
+    original = model.forward
+    eng = ctx.engine
+
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        with ctx:
+            if eng is not None:
+                eng.tracker._pre(model, args)
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    eng.tracker._post(model, args, None)
+            return original(*args, **kwargs)
+
+    return forward
+
+
+def _scoped_forward(model: nn.Module, pol: Policy, lower: torch.dtype, mods: dict,
+                    instances: dict) -> tuple[Callable[..., Any], tuple[str, ...]]:
+    """torch.autocast for the model, mpt's engine inside the modules that own overrides (and their paths)."""
+    from fnmatch import fnmatchcase
+
+    eng = PrecisionEngine(pol, lower, root=model, module_overrides=mods, instance_overrides=instances)
+    eng.tracker._on_root_enter = None  # counters are reset once per model call, below
+    owners = {key[0] for key in instances}
+    names = dict(model.named_modules())
+    scoped = {path for path in names if path in owners or any(path == p or fnmatchcase(path, p) for p in mods)}
+    # Only the outermost scoped modules need hooks: the engine follows their children itself.
+    scoped = {p for p in scoped if not any(p != q and (q == "" or p.startswith(q + ".")) for q in scoped)}
+    depth = [0]
+
+    def pre(module: nn.Module, args: Any) -> None:
+        if depth[0] == 0:
+            return  # called outside the attached forward
+        module._mpt_scope = [torch.autocast(pol.native, enabled=False)]  # type: ignore[attr-defined]
+        module._mpt_scope[0].__enter__()
+        eng.__enter__()
+        eng.tracker._pre(module, args)
+
+    def post(module: nn.Module, args: Any, output: Any) -> None:
+        scope = module.__dict__.pop("_mpt_scope", None)
+        if scope is None:
+            return
+        eng.tracker._post(module, args, output)
+        eng.__exit__(None, None, None)
+        scope[0].__exit__(None, None, None)
+
+    handles = []
+    for path in scoped:
+        if path == "":
+            continue
+        mod = names[path]
+        handles.append(mod.register_forward_pre_hook(pre))
+        handles.append(mod.register_forward_hook(post, always_call=True))
+    original = model.forward
+    root_scoped = "" in scoped
+
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        eng._counts.clear()
+        depth[0] += 1
+        try:
+            if root_scoped:
+                with eng:
+                    eng.tracker._pre(model, args)
+                    try:
+                        return original(*args, **kwargs)
+                    finally:
+                        eng.tracker._post(model, args, None)
+            with torch.autocast(pol.native, dtype=lower):  # type: ignore[arg-type]
+                return original(*args, **kwargs)
+        finally:
+            depth[0] -= 1
+
+    forward._mpt_handles = handles  # type: ignore[attr-defined]
+    return forward, tuple(sorted(scoped))
+
+
+def detach(model: nn.Module) -> nn.Module:
+    """Undo `attach`: the model's own forwards again."""
+    state = model.__dict__.pop(_ATTACHED, None)
+    if isinstance(state, _Attachment):
+        native.uninstall(state.wrapped)
+        for handle in state.handles:
+            handle.remove()
+    return model
+
+
+def attached(model: nn.Module) -> native.Execution | None:
+    """How the plan attached to `model` runs (native, scoped or python), or None when none is attached."""
+    state = getattr(model, _ATTACHED, None)
+    return state.execution if isinstance(state, _Attachment) else None
+
+
+__all__ = ["autocast", "convert", "revert", "attach", "detach", "attached", "resolve", "as_plan", "check_plan_fits",
+           "short_name"]

@@ -1,0 +1,455 @@
+"""The precision engine: a TorchFunctionMode that casts op inputs by policy.
+
+Why a TorchFunctionMode (see README, "Design"): it sees every top-level
+torch / Tensor / functional call above autograd, so casts are recorded by
+autograd and backward runs through them; it sees the Python-level names the
+seed documents use (`__matmul__`, `truediv`, `iadd`, `cross_entropy`); and it
+runs in the caller's context, so a module stack kept by forward hooks
+attributes each call to the module that made it. TorchDispatchMode runs below
+autograd (casts would be invisible to backward) and dispatcher autocast
+kernels see ATen names only and cannot tell modules apart cheaply.
+Python-written composites (F.multi_head_attention_forward, F.layer_norm...)
+that no list names are run "transparently": their body runs with the mode
+still on, so the builtin ops inside get their own rules, as torch.autocast's
+ATen-level rules would give them.
+
+When the policy is torch.autocast's own list for a device and nothing needs
+per-call Python (no per-instance overrides, no recording, no verbose log),
+`tuner.autocast` skips this engine and enters `torch.autocast` directly: same
+results, no per-op cost. Per-module overrides still work there, via hooks.
+"""
+from __future__ import annotations
+
+import threading
+import types
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
+
+from tuner.core.dtypes import short_name
+from tuner.engine.tracker import OUTSIDE, ModuleTracker
+from tuner.policy.opnames import SKIP, canonical_name, is_inplace, is_python_composite
+from tuner.policy.presets import Policy
+from tuner.policy.rules import Rule
+
+_F64 = torch.float64
+_F32 = torch.float32
+
+# Thread-local switch used by disable_casts().
+_STATE = threading.local()
+
+
+def casts_disabled() -> bool:
+    return getattr(_STATE, "disabled", 0) > 0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the engine decided for one op call (for the verbose log, `mpt inspect` and the tuner).
+
+    `rule` says why, as data; `detail` completes its display text (the
+    override's dtype, or `as matmul` when an alias matched the op lists).
+    """
+
+    module: str
+    op: str
+    index: int
+    in_dtypes: tuple[str, ...]
+    compute: str  # dtype it computed in ("-" when no float input)
+    rule: Rule
+    casts: int
+    detail: str = ""
+
+    @property
+    def reason(self) -> str:
+        """Display text: `lower list`, `in-place: not autocast`, `module override: fp32`."""
+        return self.rule.describe(self.detail)
+
+    @property
+    def forced(self) -> bool:
+        """The policy could not choose this call's precision (in-place, out=, explicit dtype=, nothing castable)."""
+        return self.rule.forced
+
+
+InstanceKey = tuple[str, str, int]  # (module path, op name, call index within that module)
+
+
+@dataclass
+class _FuncInfo:
+    name: str
+    skip: bool
+    inplace: bool
+    transparent: bool
+    rule: Rule
+    detail: str
+    clone: Callable[..., Any] | None = None
+    fast: bool = False  # passthrough with nothing to record: call straight through
+
+
+_CLONES: dict[Any, Callable[..., Any]] = {}
+
+
+def _unchecked_clone(func: types.FunctionType) -> Callable[..., Any]:
+    """A copy of a Python torch function whose own __torch_function__ check is off.
+
+    Calling it with the mode active runs its body once (no re-dispatch of the
+    function itself) while every builtin op inside still reaches the mode.
+    """
+    clone = _CLONES.get(func)
+    if clone is None:
+        glb = dict(func.__globals__)
+        for name in ("has_torch_function", "has_torch_function_unary", "has_torch_function_variadic"):
+            glb[name] = _false
+        clone = types.FunctionType(func.__code__, glb, func.__name__, func.__defaults__, func.__closure__)
+        clone.__kwdefaults__ = func.__kwdefaults__
+        _CLONES[func] = clone
+    return clone
+
+
+def _false(*args: Any, **kwargs: Any) -> bool:
+    return False
+
+
+def _widest(dtypes: list[torch.dtype]) -> torch.dtype | None:
+    if not dtypes:
+        return None
+    out = dtypes[0]
+    for d in dtypes[1:]:
+        if d != out:
+            out = _F32  # fp32 with anything, or bf16 with fp16
+    return out
+
+
+class CastCache:
+    """Lower-precision copies of parameters, reused while their version is unchanged.
+
+    Keyed by (id, version, dtype, grad mode) and checked through a weakref, so an
+    optimizer step (which bumps the version) or a freed tensor never hits a stale copy.
+    """
+
+    def __init__(self) -> None:
+        self._store: dict[tuple[int, int, torch.dtype, bool], tuple[weakref.ref[Tensor], Tensor]] = {}
+
+    def get(self, t: Tensor, dtype: torch.dtype) -> Tensor:
+        key = (id(t), t._version, dtype, torch.is_grad_enabled())
+        hit = self._store.get(key)
+        if hit is not None and hit[0]() is t:
+            return hit[1]
+        out = t.to(dtype)
+        if len(self._store) > 4096:
+            self._store.clear()
+        self._store[key] = (weakref.ref(t), out)
+        return out
+
+    def clear(self) -> None:
+        self._store.clear()
+
+
+class PrecisionEngine(TorchFunctionMode):
+    """Applies a Policy (plus module and instance overrides) to every op call.
+
+    `recorder(decision, func, args, kwargs, out, raw_args, raw_kwargs)` is called after each intercepted
+    call (`args`/`kwargs` as the op ran, after casts; `raw_*` as they arrived). It normally returns None;
+    a returned value of the output's kind (a Tensor for a tensor output, else the same type as `out`)
+    replaces the call's output: the model gets it instead of `out` (the gradient ranking returns
+    `out + a·δ`, a being a zero leaf, to make an op's output a point of the autograd graph). Any other
+    return value (None, or what `list.append`/`dict.setdefault` give a one-line recorder) is ignored.
+    `instance_overrides` is copied at construction; `engine.instance_overrides` may be changed between
+    forward passes (rank_exact flips one entry per pass instead of building an engine per pass).
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        dtype: torch.dtype,
+        *,
+        root: nn.Module | None = None,
+        module_overrides: Mapping[str, torch.dtype] | None = None,
+        instance_overrides: Mapping[InstanceKey, torch.dtype] | None = None,
+        recorder: Callable[..., Any] | None = None,
+        verbose: Callable[[Decision], None] | None = None,
+        dry_run: bool = False,
+        cache: CastCache | None = None,
+    ) -> None:
+        super().__init__()
+        self.policy = policy
+        self.dtype = dtype
+        self.device = policy.device
+        self.module_overrides = dict(module_overrides or {})
+        self.instance_overrides = dict(instance_overrides or {})
+        self.recorder = recorder
+        self.verbose = verbose
+        self.dry_run = dry_run
+        self.cache = cache if cache is not None else CastCache()
+        self._infos: dict[Any, _FuncInfo] = {}
+        self._counts: dict[tuple[str, str], int] = {}
+        self._need_index = bool(self.instance_overrides) or recorder is not None or verbose is not None
+        self._override_for_path: dict[str, torch.dtype | None] = {}
+        self._current_override: list[torch.dtype | None] = [None]
+        self.tracker = ModuleTracker(root, on_enter=self._on_module_enter, on_exit=self._on_module_exit,
+                                     on_root_enter=self._on_root_enter)
+
+    # ----- module bookkeeping -------------------------------------------------
+    def _on_root_enter(self) -> None:
+        self._counts.clear()
+
+    def _module_override(self, path: str) -> torch.dtype | None:
+        if path in self._override_for_path:
+            return self._override_for_path[path]
+        found = None
+        for pattern, dtype in self.module_overrides.items():
+            if path == pattern or fnmatchcase(path, pattern):
+                found = dtype
+                break
+        self._override_for_path[path] = found
+        return found
+
+    def _on_module_enter(self, module: nn.Module, path: str) -> None:
+        if self.module_overrides:
+            own = self._module_override(path)
+            self._current_override.append(own if own is not None else self._current_override[-1])
+
+    def _on_module_exit(self, module: nn.Module, path: str, token: Any) -> None:
+        if self.module_overrides and len(self._current_override) > 1:
+            self._current_override.pop()
+
+    # ----- context -------------------------------------------------------------
+    def __enter__(self) -> PrecisionEngine:
+        if self._need_index or self.module_overrides:  # module paths are only needed then
+            self.tracker.install()
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self.tracker.remove()
+            self.cache.clear()
+
+    # ----- per-call ------------------------------------------------------------
+    def _info(self, func: Callable[..., Any]) -> _FuncInfo:
+        info = self._infos.get(func)
+        if info is not None:
+            return info
+        raw = getattr(func, "__name__", "")
+        name = canonical_name(func)
+        skip = raw in SKIP or name in SKIP or raw in ("__get__", "__set__")
+        named = self.policy.names(name)
+        transparent = not skip and not named and is_python_composite(func)
+        rule, detail = self.policy.lookup(name)
+        info = _FuncInfo(name=name, skip=skip, inplace=is_inplace(name), transparent=transparent,
+                         rule=rule, detail=detail,
+                         clone=_unchecked_clone(func) if transparent else None)  # type: ignore[arg-type]
+        info.fast = skip or (rule is Rule.PASSTHROUGH and not transparent and not self._need_index
+                             and not self.module_overrides and name not in _ATEN_NAME)
+        self._infos[func] = info
+        return info
+
+    def __torch_function__(self, func: Callable[..., Any], types_: Any, args: tuple = (), kwargs: Any = None) -> Any:
+        if kwargs is None:
+            kwargs = {}
+        info = self._infos.get(func) or self._info(func)
+        if info.fast or getattr(_STATE, "disabled", 0):
+            return func(*args, **kwargs)
+        if info.transparent:
+            active = _STATE.__dict__.setdefault("transparent", set())
+            if func not in active:  # a composite that re-dispatches to itself is handled as one op
+                active.add(func)
+                TorchFunctionMode.__enter__(self)  # re-push only the mode, not the hooks
+                try:
+                    return info.clone(*args, **kwargs)  # type: ignore[misc]
+                finally:
+                    TorchFunctionMode.__exit__(self, None, None, None)
+                    active.discard(func)
+
+        rule, detail, name = info.rule, info.detail, info.name
+        refine = _ATEN_NAME.get(name)
+        if refine is not None:
+            aten = refine(args, kwargs)
+            if aten is not None and self.policy.names(aten):  # the policy names the ATen op: its rule applies
+                name = aten
+                rule, detail = self.policy.lookup(aten)
+        path = self.tracker.current_path() if (self._need_index or self.module_overrides) else OUTSIDE
+        index = 0
+        if self._need_index:
+            key = (path, name)
+            index = self._counts.get(key, 0)
+            self._counts[key] = index + 1
+        target: torch.dtype | None = None
+        override = self._current_override[-1] if self.module_overrides else None
+        inst = self.instance_overrides.get((path, name, index)) if self.instance_overrides else None
+
+        if info.inplace or kwargs.get("out") is not None:
+            skip_it = self.policy.inplace == "skip"
+            if info.inplace:
+                rule = Rule.INPLACE if skip_it else Rule.INPLACE_FIRST_INPUT
+            else:
+                rule = Rule.OUT if skip_it else Rule.OUT_FIRST_INPUT
+            detail = ""
+        elif kwargs.get("dtype") is not None:
+            rule, detail = Rule.EXPLICIT_DTYPE, ""
+        elif inst is not None:
+            target, rule, detail = inst, Rule.INSTANCE, short_name(inst)
+        elif override is not None:
+            target, rule, detail = override, Rule.MODULE, short_name(override)
+        elif rule is Rule.LOWER:
+            target = self.dtype
+        elif rule in (Rule.FP32, Rule.UNLISTED_FP32):
+            target = _F32
+        elif rule is Rule.BANNED:
+            raise RuntimeError(f"{info.name} is unsafe to autocast (banned by policy {self.policy.name!r}); "
+                               f"use its *_with_logits form or run it under tuner.disable_casts()")
+
+        if rule in _FROM_INPUTS:
+            floats = self._float_dtypes(args, kwargs, first_only=rule is not Rule.PROMOTE)
+            target = _widest(floats) if rule is Rule.PROMOTE else (floats[0] if floats else None)
+
+        casts = 0
+        raw_args, raw_kwargs = args, kwargs
+        if target is not None and not self.dry_run:
+            args, kwargs, casts = self._cast(args, kwargs, target)
+
+        out = func(*args, **kwargs)
+
+        if (self.recorder is not None or self.verbose is not None) and (
+                isinstance(out, (Tensor, list, tuple)) or any(isinstance(a, Tensor) for a in args)):
+            in_dtypes = tuple(short_name(d) for d in
+                              self._float_dtypes(raw_args, raw_kwargs, first_only=False, all_=True))
+            if casts == 0 and not rule.forced and not self._float_dtypes(raw_args, raw_kwargs, first_only=True):
+                target, rule, detail = None, self._not_castable(raw_args, raw_kwargs), ""
+            if target is not None:
+                compute = short_name(target)
+            else:
+                ran = self._float_dtypes(args, kwargs, first_only=True, all_=True)
+                compute = short_name(ran[0]) if ran else "-"
+            decision = Decision(module=path, op=name, index=index, in_dtypes=in_dtypes, compute=compute,
+                                rule=rule, casts=casts, detail=detail)
+            if self.verbose is not None:
+                self.verbose(decision)
+            if self.recorder is not None:
+                replaced = self.recorder(decision, func, args, kwargs, out, raw_args, raw_kwargs)
+                if replaced is not None and (isinstance(replaced, Tensor) if isinstance(out, Tensor)
+                                             else type(replaced) is type(out)):
+                    out = replaced  # the recorder's value is what the caller gets (see the class doc)
+        return out
+
+    def _not_castable(self, args: tuple, kwargs: dict) -> Rule:
+        """Why a call with no castable input ran as it came: float64, another device, or no float at all."""
+        floats = self._float_dtypes(args, kwargs, first_only=False, all_=True)
+        if _F64 in floats:
+            return Rule.FLOAT64
+        return Rule.OTHER_DEVICE if floats else Rule.NO_FLOAT
+
+    def _eligible(self, t: Tensor) -> bool:
+        return t.is_floating_point() and t.dtype != _F64 and (self.device is None or t.device.type == self.device)
+
+    def _float_dtypes(self, args: tuple, kwargs: dict, *, first_only: bool, all_: bool = False) -> list[torch.dtype]:
+        found: list[torch.dtype] = []
+        for a in (*args, *(v for k, v in kwargs.items() if k != "out")):
+            items = a if isinstance(a, (list, tuple)) else (a,)
+            for t in items:
+                if isinstance(t, Tensor) and (t.is_floating_point() if all_ else self._eligible(t)):
+                    found.append(t.dtype)
+                    if first_only:
+                        return found
+        return found
+
+    def _cast_one(self, t: Any, target: torch.dtype) -> tuple[Any, int]:
+        if isinstance(t, Tensor) and t.dtype != target and self._eligible(t):
+            if t.is_leaf and (t.requires_grad or isinstance(t, nn.Parameter)):
+                return self.cache.get(t, target), 1
+            return t.to(target), 1
+        return t, 0
+
+    def _cast(self, args: tuple, kwargs: dict, target: torch.dtype) -> tuple[tuple, dict, int]:
+        total = 0
+        new_args = []
+        for a in args:
+            if isinstance(a, (list, tuple)) and a and isinstance(a[0], Tensor):
+                items = []
+                for t in a:
+                    t2, n = self._cast_one(t, target)
+                    items.append(t2)
+                    total += n
+                new_args.append(type(a)(items) if isinstance(a, tuple) else items)
+            else:
+                a2, n = self._cast_one(a, target)
+                new_args.append(a2)
+                total += n
+        if kwargs:
+            new_kwargs = {}
+            for k, v in kwargs.items():
+                if k == "out":
+                    new_kwargs[k] = v
+                    continue
+                v2, n = self._cast_one(v, target)
+                new_kwargs[k] = v2
+                total += n
+            kwargs = new_kwargs
+        return tuple(new_args), kwargs, total
+
+
+# Rules whose target comes from the call's own inputs (widest, or the first one).
+_FROM_INPUTS = frozenset({Rule.PROMOTE, Rule.FIRST_INPUT, Rule.INPLACE_FIRST_INPUT, Rule.OUT_FIRST_INPUT})
+
+
+def _pad_aten_name(args: tuple, kwargs: dict) -> str | None:
+    """F.pad(mode="reflect"|"replicate") runs reflection_pad{1,2,3}d/replication_pad{1,2,3}d in ATen."""
+    mode = kwargs.get("mode", args[2] if len(args) > 2 else "constant")
+    pad = kwargs.get("pad", args[1] if len(args) > 1 else ())
+    family = {"reflect": "reflection_pad", "replicate": "replication_pad"}.get(mode)
+    return f"{family}{len(pad) // 2}d" if family is not None and pad else None
+
+
+def _lstm_aten_name(args: tuple, kwargs: dict) -> str | None:
+    """torch.lstm on CPU runs mkldnn_rnn_layer when oneDNN takes it (RNN.cpp's use_mkldnn): the padded
+    overload `lstm(input, (h, c), params, ...)` with a non-empty input. With proj_size > 0 it falls back
+    to linear/matmul cells, which torch.autocast also lowers: the same outcome."""
+    first = args[0] if args else None
+    hx = args[1] if len(args) > 1 else None
+    if (isinstance(first, Tensor) and first.device.type == "cpu" and first.numel() > 0
+            and isinstance(hx, (list, tuple)) and len(hx) == 2
+            and torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
+        return "mkldnn_rnn_layer"
+    return None
+
+
+# Python-level ops that torch runs as a differently named ATen op, depending on the call's arguments:
+# when the policy lists that ATen op, its rule decides (torch.autocast sees only the ATen name).
+_ATEN_NAME: dict[str, Callable[[tuple, dict], str | None]] = {"pad": _pad_aten_name, "lstm": _lstm_aten_name}
+
+
+class disable_casts:
+    """Context in which nothing is cast (HMP's `hmp.disable_casts()`): wrap an optimizer step.
+
+    Also turns torch.autocast off inside, for the fast path that delegates to it.
+    """
+
+    def __enter__(self) -> disable_casts:
+        _STATE.disabled = getattr(_STATE, "disabled", 0) + 1
+        self._autocasts = [torch.autocast(dev, enabled=False) for dev in ("cpu", "cuda")
+                           if dev == "cpu" or torch.cuda.is_available()]
+        for ac in self._autocasts:
+            ac.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for ac in reversed(self._autocasts):
+            ac.__exit__(*exc)
+        _STATE.disabled -= 1
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        import functools
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with disable_casts():
+                return fn(*args, **kwargs)
+
+        return wrapper

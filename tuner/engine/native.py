@@ -1,0 +1,171 @@
+"""Run a plan with torch's own mechanisms only, so `torch.compile` and `torch.export` see plain torch code.
+
+A plan on a torch-* preset differs from `torch.autocast` only by its FP32
+overrides. Those are realized as *regions*, with no Python per op:
+
+- the model runs under `torch.autocast(device, dtype)`;
+- a module that owns an FP32 op instance is an **FP32 island**: its forward
+  runs under `torch.autocast(enabled=False)` with its float inputs cast to
+  FP32, so every op its own code calls computes in FP32;
+- a child of an island that has no override of its own runs low again
+  (autocast re-enabled) and hands FP32 outputs back, so the island's own ops
+  keep computing in FP32;
+- a module override to FP32 (`modules: {rnn: fp32}`) makes the whole subtree FP32.
+
+The unit is the module that calls the op (its *owner*), not the single call:
+`mpt tune` searches over these units, so a tuned plan lists every
+lower-precision op its FP32 modules call and this realization runs exactly
+the plan. A hand-written plan that names one call of a module that calls
+others runs all of that module's own ops in FP32 here (`engine="python"`
+keeps per-call granularity). Plans that regions cannot express (another
+lower dtype for a module, replaced op lists, non-torch presets) get a reason
+string from `realize` instead and run under mpt's engine.
+"""
+from __future__ import annotations
+
+import enum
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any
+
+import torch
+from torch import nn
+
+FP32 = torch.float32
+
+
+class ExecutionPath(str, enum.Enum):
+    """How an attached plan runs."""
+
+    NATIVE = "native"  # torch.autocast + FP32 regions: compiles and exports
+    SCOPED = "scoped"  # torch.autocast + mpt's Python engine inside some modules
+    PYTHON = "python"  # mpt's Python engine for the whole forward
+
+
+@dataclass(frozen=True)
+class Execution:
+    """What `tuner.attached(model)` reports about an attached plan."""
+
+    path: ExecutionPath
+    device: str | None = None  # torch.autocast's device type on the native path
+    dtype: torch.dtype | None = None
+    fp32_islands: tuple[str, ...] = ()  # modules whose own ops run FP32 (children keep the plan)
+    fp32_subtrees: tuple[str, ...] = ()  # modules that run FP32 with everything below them
+    python_modules: tuple[str, ...] = ()  # modules under mpt's engine on the scoped path
+    reason: str = ""  # why the plan is not native, when it is not
+
+    def describe(self) -> str:
+        if self.path is ExecutionPath.NATIVE:
+            parts = [f"{len(self.fp32_islands)} FP32 island(s)"] if self.fp32_islands else []
+            parts += [f"{len(self.fp32_subtrees)} FP32 subtree(s)"] if self.fp32_subtrees else []
+            extra = f" with {', '.join(parts)}" if parts else ""
+            return f"native: torch.autocast({self.device}, {short(self.dtype)}){extra}"
+        if self.path is ExecutionPath.SCOPED:
+            return f"scoped: torch.autocast, mpt's engine in {len(self.python_modules)} module(s) ({self.reason})"
+        return f"python: mpt's engine for every op ({self.reason})"
+
+
+class _Region(enum.Enum):
+    LOW = "low"
+    FP32 = "fp32"
+
+
+def realize(model: nn.Module, device: str, lower: torch.dtype, module_overrides: Mapping[str, torch.dtype],
+            instance_overrides: Mapping[tuple[str, str, int], torch.dtype]) -> Execution | str:
+    """The native execution of a plan on `model`, or why there is none (a reason string)."""
+    other = sorted(p for p, d in module_overrides.items() if d != FP32)
+    if other:
+        return f"module override to {short(module_overrides[other[0]])} ({other[0]}): torch.autocast lowers " \
+               "only its own op lists"
+    if any(d != FP32 for d in instance_overrides.values()):
+        return "an op instance override to a lower dtype"
+    paths = [p for p, _ in model.named_modules()]
+    subtrees = _outermost({p for p in paths if any(p == q or fnmatchcase(p, q) for q in module_overrides)})
+    inside = {p for p in paths if _under_any(p, subtrees)}
+    known = set(paths)
+    islands = sorted({key[0] for key in instance_overrides if key[0] in known and key[0] not in inside})
+    return Execution(ExecutionPath.NATIVE, device, lower, tuple(islands), tuple(sorted(subtrees)))
+
+
+Wrapped = list[tuple[nn.Module, Any]]  # (module, the forward it had in its __dict__ before, or None)
+
+
+def install(model: nn.Module, execution: Execution) -> Wrapped:
+    """Wrap the forwards that change region (the root always); returns what `uninstall` needs, root first.
+
+    The wrappers hold no state, so compilers guard on nothing that changes per call.
+    """
+    assert execution.path is ExecutionPath.NATIVE and execution.device and execution.dtype
+    fp32_own = set(execution.fp32_islands)
+    fp32_tree = set(execution.fp32_subtrees)
+    regions: dict[str, _Region] = {}
+    wrapped: Wrapped = []
+    for path, module in model.named_modules():
+        parent = regions.get(path.rpartition(".")[0]) if path else None
+        if parent is _Region.FP32 and _under_any(path, fp32_tree):
+            region = _Region.FP32
+        elif path in fp32_own or path in fp32_tree:
+            region = _Region.FP32
+        else:
+            region = _Region.LOW
+        regions[path] = region
+        if path == "" or region is not parent:
+            wrapped.append((module, module.__dict__.get("forward")))
+            module.forward = _region_forward(module.forward, region, execution.device, execution.dtype,
+                                             root=path == "")  # type: ignore[method-assign]
+    return wrapped
+
+
+def uninstall(wrapped: Wrapped) -> None:
+    """Give every wrapped module back the forward it had (its class's, or one set on the instance before)."""
+    for module, before in reversed(wrapped):
+        if before is None:
+            module.__dict__.pop("forward", None)
+        else:
+            module.forward = before
+
+
+def _region_forward(original: Callable[..., Any], region: _Region, device: str, lower: torch.dtype, *,
+                    root: bool) -> Callable[..., Any]:
+    if region is _Region.FP32:
+        @functools.wraps(original)
+        def fp32_forward(*args: Any, **kwargs: Any) -> Any:
+            with torch.autocast(device, enabled=False):
+                return original(*_to_fp32(args), **_to_fp32(kwargs))
+
+        return fp32_forward
+
+    @functools.wraps(original)
+    def low_forward(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device, dtype=lower):
+            out = original(*args, **kwargs)
+        return out if root else _to_fp32(out)  # back inside an FP32 island: its own ops compute in FP32
+
+    return low_forward
+
+
+def _to_fp32(x: Any) -> Any:
+    """Lower-precision float tensors in `x` (tensors, tuples, lists, dicts) as FP32; anything else as is."""
+    if isinstance(x, torch.Tensor):
+        return x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
+    if isinstance(x, tuple) and not hasattr(x, "_fields"):
+        return tuple(_to_fp32(i) for i in x)
+    if isinstance(x, list):
+        return [_to_fp32(i) for i in x]
+    if type(x) is dict:
+        return {k: _to_fp32(v) for k, v in x.items()}
+    return x
+
+
+def _outermost(paths: set[str]) -> set[str]:
+    return {p for p in paths if not any(p != q and (q == "" or p.startswith(q + ".")) for q in paths)}
+
+
+def _under_any(path: str, roots: set[str]) -> bool:
+    return any(path == r or r == "" or path.startswith(r + ".") for r in roots)
+
+
+def short(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")

@@ -1,0 +1,147 @@
+"""Search and deployment agree: does the plan also run the way `tuner.load` will run it?
+
+The search evaluates plans under mpt's own engine, but `tuner.load` /
+`tuner.attach(model, plan)` with a torch-* preset runs the model under
+`torch.autocast` and only the modules owning overrides under the engine. The
+two are numerically the same, yet torch.autocast may not be able to run an
+op at all where the engine can: on a CPU without AVX512-BF16, oneDNN cannot
+build a bf16 `nn.LSTM` ("could not create a primitive descriptor..."). A plan
+approved by the search would then crash once loaded.
+
+`autocast_failures` runs the model once the way `tuner.load` would, finds the
+innermost module that was running when it raised, keeps that module in FP32
+(a module override, which puts it under the engine) and tries again.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from tuner.core.errors import DeployError, exc_line
+from tuner.core.inputs import ModelInputs
+from tuner.engine.attach import _native_ok, attach, detach
+from tuner.policy.plan import Plan
+
+ROOT = "(root)"
+
+
+def autocast_failures(model: nn.Module, inputs: ModelInputs | tuple, plan: Plan, *,
+                      max_modules: int = 8) -> dict[str, str]:
+    """Submodules that must stay FP32 for `plan` to run under `tuner.load`: {path: one-line reason}.
+
+    {} when the plan runs as it is, or when its policy has no native
+    torch.autocast path here (then `tuner.load` runs mpt's engine, which the
+    search already ran). Each failing forward adds the innermost running
+    module as `{path: "fp32"}` to the plan's module overrides and runs again,
+    up to `max_modules` modules. Raises DeployError (exit code 2 in the CLI)
+    when the failure is in the model's own forward (outside any submodule),
+    inside a module already kept in FP32, or still there after `max_modules`;
+    its `modules` holds what was found before. The model is detached
+    afterwards (an earlier `tuner.attach` on it is undone).
+    """
+    if not _native_ok(plan.policy()):
+        return {}
+    inputs = ModelInputs.of(inputs)
+    found: dict[str, str] = {}
+    current = plan
+    while True:
+        failure = _first_failure(model, inputs, current)
+        if failure is None:
+            return found
+        path, exc = failure
+        reason = exc_line(exc, limit=200)
+        problem = _unfixable(path, found, max_modules)
+        if problem:
+            raise DeployError(f"the tuned plan cannot run on this machine once loaded (tuner.load runs it under "
+                              f"torch.autocast): {reason}, {problem}", modules=found) from exc
+        found[path] = reason
+        current = with_fp32_modules(current, [path])
+
+
+def with_fp32_modules(plan: Plan, paths: Iterable[str]) -> Plan:
+    """`plan` with each of `paths` added as a module override to FP32 (what `autocast_failures` found)."""
+    known = {pattern for pattern, _ in plan.modules}
+    added = tuple((p, "fp32") for p in paths if p not in known)
+    return dataclasses.replace(plan, modules=plan.modules + added)
+
+
+def _unfixable(path: str, found: dict[str, str], max_modules: int) -> str:
+    """Why keeping `path` in FP32 cannot help ("" when it can)."""
+    if path == ROOT:
+        return "in the model's own forward, outside any submodule"
+    inside = next((f for f in found if path == f or path.startswith(f + ".")), None)
+    if inside is not None:
+        return f"in {path}, which already runs in FP32 under mpt's engine ({inside} is kept in FP32)"
+    if len(found) >= max_modules:
+        return f"in {path}, still failing after keeping {len(found)} modules in FP32 ({', '.join(found)})"
+    return ""
+
+
+def _first_failure(model: nn.Module, inputs: ModelInputs, plan: Plan) -> tuple[str, Exception] | None:
+    """None when one forward under `tuner.attach(model, plan)` runs; else (innermost module path, exception)."""
+    stack = _ModuleStack(model)
+    try:
+        attach(model, plan)  # a plan for another model raises PlanMismatchError here, as tuner.load would
+        try:
+            with torch.no_grad():
+                inputs.call(model)
+        except Exception as exc:  # noqa: BLE001 - any failure under autocast is what we look for
+            return stack.culprit(exc), exc
+        return None
+    finally:
+        detach(model)
+        stack.remove()
+
+
+class _ModuleStack:
+    """Forward pre-hooks push a module's path, forward hooks (always_call) pop it.
+
+    The first pop that happens while an exception unwinds is the innermost
+    module that was running when it was raised; it is recorded against that
+    exception object, so an exception a module raised and caught itself does
+    not blame it for a later one.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.stack: list[str] = []
+        self.blamed: dict[int, tuple[BaseException, str]] = {}
+        self.handles = []
+        for path, module in model.named_modules():
+            if path:
+                self.handles.append(module.register_forward_pre_hook(self._push(path)))
+                self.handles.append(module.register_forward_hook(self._pop(path), always_call=True))
+
+    def _push(self, path: str) -> Any:
+        def hook(module: nn.Module, args: Any) -> None:
+            self.stack.append(path)
+        return hook
+
+    def _pop(self, path: str) -> Any:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            exc = sys.exc_info()[1]
+            if output is None and exc is not None and self.stack:
+                self.blamed.setdefault(id(exc), (exc, self.stack[-1]))
+            if self.stack and self.stack[-1] == path:
+                self.stack.pop()
+        return hook
+
+    def culprit(self, exc: BaseException) -> str:
+        """The module blamed for `exc` or for an exception it was raised from; ROOT when none."""
+        seen: set[int] = set()
+        current: BaseException | None = exc
+        while current is not None and id(current) not in seen:
+            seen.add(id(current))
+            hit = self.blamed.get(id(current))
+            if hit is not None and hit[0] is current:
+                return hit[1]
+            current = current.__cause__ or current.__context__
+        return ROOT
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()

@@ -1,0 +1,90 @@
+"""Which module is running: a stack kept by global forward hooks.
+
+Op calls are attributed to the innermost module on the stack. Paths are the
+names `named_modules()` gives, relative to the root: the model passed to the
+engine, or else the outermost module called while it is active ("" is the root).
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+OUTSIDE = "-"  # module path of op calls made outside any module
+
+
+class ModuleTracker:
+    def __init__(self, root: nn.Module | None = None,
+                 on_enter: Callable[[nn.Module, str], Any] | None = None,
+                 on_exit: Callable[[nn.Module, str, Any], None] | None = None,
+                 on_root_enter: Callable[[], None] | None = None) -> None:
+        self._fixed_root = root
+        self._names: weakref.WeakKeyDictionary[nn.Module, dict[int, str]] = weakref.WeakKeyDictionary()
+        self._local = threading.local()
+        self._handles: list[Any] = []
+        self._on_enter = on_enter
+        self._on_exit = on_exit
+        self._on_root_enter = on_root_enter
+
+    # The stack holds (module, path, token) where token is what on_enter returned.
+    @property
+    def stack(self) -> list[tuple[nn.Module, str, Any]]:
+        st = getattr(self._local, "stack", None)
+        if st is None:
+            st = self._local.stack = []
+        return st
+
+    def current_path(self) -> str:
+        st = self.stack
+        return st[-1][1] if st else OUTSIDE
+
+    def _paths_for(self, root: nn.Module) -> dict[int, str]:
+        names = self._names.get(root)
+        if names is None:
+            names = {}
+            for name, mod in root.named_modules(remove_duplicate=False):
+                names.setdefault(id(mod), name)
+            self._names[root] = names
+        return names
+
+    def _pre(self, module: nn.Module, args: Any) -> None:
+        st = self.stack
+        if not st:
+            root = self._fixed_root if self._fixed_root is not None else module
+            self._local.root = root
+            if self._on_root_enter is not None:
+                self._on_root_enter()
+        names = self._paths_for(self._local.root)
+        path = names.get(id(module))
+        if path is None:
+            parent = st[-1][1] if st else OUTSIDE
+            path = f"{parent}.<{type(module).__name__}>" if parent not in ("", OUTSIDE) else f"<{type(module).__name__}>"
+        token = self._on_enter(module, path) if self._on_enter is not None else None
+        st.append((module, path, token))
+
+    def _post(self, module: nn.Module, args: Any, output: Any) -> None:
+        st = self.stack
+        # Pop down to this module (a forward that raised may have left entries behind).
+        while st:
+            mod, path, token = st.pop()
+            if self._on_exit is not None:
+                self._on_exit(mod, path, token)
+            if mod is module:
+                break
+
+    def install(self) -> None:
+        if self._handles:
+            return
+        self._handles = [
+            torch.nn.modules.module.register_module_forward_pre_hook(self._pre),
+            torch.nn.modules.module.register_module_forward_hook(self._post, always_call=True),
+        ]
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []

@@ -1,0 +1,266 @@
+"""Does a committed plan still meet its target? The gate `mpt check` runs in CI.
+
+`check_plan` rebuilds the model as it is now, evaluates its FP32 baseline
+(twice or more, to see how noisy `evaluate` is), applies the plan (as
+`tuner.load` would) and judges the metric against the target the plan's
+tolerance gives against the new baseline. A miss smaller than the noise is
+not a regression (`tuner.search.noise.Acceptance.holds`). `junit_xml` turns an
+outcome into the report CI systems read.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from tuner.core.errors import ConfigError, OutputError, PlanMismatchError, UserCodeError
+from tuner.core.inputs import ModelInputs
+
+__all__ = ["CheckResult", "check_plan", "plan_location", "junit_xml", "write_junit"]
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """The outcome of re-evaluating a plan; `passed` says whether it still meets its target.
+
+    `spread` is the range of the FP32 baseline's repeated evaluations (0 for a
+    deterministic evaluate); `margin` the noise the verdict allowed: the larger
+    of that spread and the noise recorded when the plan was tuned.
+    """
+
+    passed: bool
+    metric: float
+    baseline: float
+    target: float
+    tolerance: float
+    absolute: bool
+    lower_is_better: bool
+    plan: str
+    model: str
+    dtype: str
+    preset: str
+    weights: str  # "fresh" (the model as built now) or "checkpoint" (DIR/model.safetensors)
+    spread: float = 0.0
+    margin: float = 0.0
+    tuned_baseline: float | None = None
+    tuned_metric: float | None = None
+    seconds: float = 0.0
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def status(self) -> str:
+        return "pass" if self.passed else "fail"
+
+    def verdict(self) -> str:
+        """One line: `check: PASS 0.9852 >= target 0.9753 (baseline 0.9852, tolerance 1%)`."""
+        digits = 4
+        while digits < 12 and f"{self.metric:.{digits}g}" == f"{self.target:.{digits}g}" and \
+                self.metric != self.target:
+            digits += 2
+        m, t, b = (f"{v:.{digits}g}" for v in (self.metric, self.target, self.baseline))
+        clearance = self.target - self.metric if self.lower_is_better else self.metric - self.target
+        if not math.isfinite(self.metric):
+            op = "vs"
+        elif clearance >= 0:
+            op = "<=" if self.lower_is_better else ">="
+        elif self.passed:
+            op = "within noise of"
+        else:
+            op = ">" if self.lower_is_better else "<"
+        tol = f"{self.tolerance:g} absolute" if self.absolute else f"{self.tolerance * 100:.4g}%"
+        noise = f", noise ±{self.margin:.{digits}g}" if self.margin > 0 else ""
+        return f"check: {self.status.upper()} {m} {op} target {t} (baseline {b}, tolerance {tol}{noise})"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["warnings"] = list(self.warnings)
+        data["status"] = self.status
+        data["verdict"] = self.verdict()
+        for k in ("metric", "baseline", "target", "tuned_baseline", "tuned_metric"):
+            v = data[k]
+            if isinstance(v, float) and not math.isfinite(v):
+                data[k] = str(v)  # JSON has no NaN/inf
+        return data
+
+
+def plan_location(plan: str | Path) -> tuple[Path, Path]:
+    """(folder, plan file) for a `mpt tune` output folder or a plan .yaml file."""
+    path = Path(plan)
+    if path.is_file() and path.suffix in (".yaml", ".yml"):
+        return path.parent, path
+    if not path.exists():
+        raise ConfigError(f"plan folder not found: {plan} (the output folder of `mpt tune`)")
+    if not path.is_dir():
+        raise ConfigError(f"{plan} is not a folder or a plan .yaml file")
+    plan_file = path / "plan.yaml"
+    if not plan_file.is_file():
+        raise ConfigError(f"no plan.yaml in {plan}; run `mpt tune` with this output folder first")
+    return path, plan_file
+
+
+def _check_modules(model: Any, plan: Any) -> None:
+    """The plan's module paths must exist in the model (globs excepted)."""
+    names = {name for name, _ in model.named_modules()}
+    missing = sorted({i.module for i in plan.fp32_instances if i.module not in names and i.module != "-"})
+    missing += sorted({p for p, _ in plan.modules if not any(c in p for c in "*?[") and p not in names})
+    if missing:
+        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise PlanMismatchError(f"the plan does not match this model: it names modules the model lacks: {shown} "
+                                "(was the model changed? re-run mpt tune)")
+
+
+def _unused_instances(model: Any, plan: Any, inputs: ModelInputs) -> list[str]:
+    """Plan instances the model no longer calls on example_inputs (a sign the plan is stale)."""
+    import torch
+
+    from tuner.core.loader import call_forward
+    from tuner.engine.function_mode import PrecisionEngine
+
+    seen: set[tuple[str, str, int]] = set()
+
+    def record(d: Any, *rest: Any) -> None:
+        seen.add((d.module, d.op, d.index))
+
+    with torch.no_grad(), PrecisionEngine(plan.policy(), plan.torch_dtype, root=model, recorder=record):
+        call_forward(model, inputs, what="forward on example_inputs")
+    return [i.label() for i in plan.fp32_instances if i.key() not in seen]
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _user_specs(plan: Any, plan_file: Path, model: str | None,
+                given: dict[str, str | None]) -> tuple[str, dict[str, str | None]]:
+    """The model file and function specs: the caller's, else those the plan records (relative to its folder)."""
+    from tuner.workspace.modelref import resolve_model_ref
+
+    if plan.model is None:
+        if model is None:
+            raise ConfigError(f"model: {plan_file} does not record which model it was tuned for; give the model file",
+                              fields=("model",))
+        return model, given
+    unused = {role: None for role, spec in given.items() if spec is not None}  # the caller's win: not resolved
+    model_file, *recorded = resolve_model_ref(replace(plan.model, **unused), plan_file.parent, file=model)
+    return model_file, {role: spec if spec is not None else rec for (role, spec), rec in zip(given.items(), recorded, strict=False)}
+
+
+def check_plan(plan: str | Path, model: str | None = None, *, build: str | None = None,
+               eval: str | None = None, inputs: str | None = None, device: str = "cpu",  # noqa: A002
+               checkpoint: bool = False, tolerance: float | None = None) -> CheckResult:
+    """Re-evaluate the plan in `plan` (a `mpt tune` output folder, or a plan.yaml) on the model as it is now.
+
+    `model` (MODEL.py[:build_fn]) and the `build`/`eval`/`inputs` specs
+    default to those the plan records (`Plan.model`); a plan that records
+    none needs `model`. `tolerance` defaults to the plan's own.
+
+    Raises ConfigError (bad folder, plan or options), PlanMismatchError (the
+    plan or checkpoint was made for another model), DeviceError or UserCodeError.
+    """
+    from tuner.core.devices import check_device
+    from tuner.core.loader import load_user_model
+    from tuner.engine.attach import attach
+    from tuner.options.config import tolerance_problem
+    from tuner.policy.plan import Plan
+    from tuner.search.noise import Acceptance, measure_baseline
+    from tuner.search.types import TuneOptions
+
+    t0 = time.monotonic()
+    folder, plan_file = plan_location(plan)
+    loaded = Plan.load(plan_file)
+    model_file, specs = _user_specs(loaded, plan_file, model, {"build": build, "eval": eval, "inputs": inputs})
+    metrics = dict(loaded.metrics or {})
+    absolute = bool(metrics.get("absolute", False))
+    if tolerance is None:
+        tolerance = _number(metrics.get("tolerance"))
+        if tolerance is None:
+            raise ConfigError(f"tolerance: {plan_file} records no tolerance (metrics.tolerance); give one",
+                              fields=("tolerance",))
+    problem = tolerance_problem(tolerance, absolute)
+    if problem:
+        raise ConfigError(problem, fields=("tolerance",))
+    options = TuneOptions(dtype=loaded.dtype, preset=loaded.preset, tolerance=tolerance, absolute=absolute,
+                          lower_is_better=bool(metrics.get("lower_is_better", False)), device=device)
+    check_device(device, loaded.dtype)
+
+    user = load_user_model(model_file, model=specs["build"], eval=specs["eval"], inputs=specs["inputs"])
+    fp32_model = user.build().to(device).eval()
+    if loaded.model is not None:
+        loaded.model.check_structure(fp32_model, what=f"the plan in {folder}")
+    _check_modules(fp32_model, loaded)
+
+    def evaluate_fp32() -> float:
+        value = user.evaluate(fp32_model)
+        if not math.isfinite(value):
+            raise UserCodeError(f"evaluate returned {value} for the FP32 model; the baseline must be finite")
+        return value
+
+    baseline = measure_baseline(evaluate_fp32)
+    del fp32_model
+    target = options.target(baseline.value)
+    margin = max(_number(metrics.get("noise")) or 0.0, baseline.spread)
+
+    tuned = user.build().to(device).eval()
+    warnings: list[str] = []
+    example = user.example_inputs() if user.inputs_fn is not None else None
+    if example is not None:
+        unused = _unused_instances(tuned, loaded, example.to(device))
+        if unused:
+            warnings.append(f"the model no longer calls {len(unused)} of the plan's FP32 op instance(s) on "
+                            f"example_inputs ({', '.join(unused[:3])}{' ...' if len(unused) > 3 else ''}); "
+                            "the plan may be stale")
+    if checkpoint:
+        from tuner.report.checkpoint import load
+
+        if plan_file.name != "plan.yaml":
+            raise ConfigError("checkpoint: needs the tune output folder (with plan.yaml and model.safetensors)",
+                              fields=("checkpoint",))
+        load(tuned, folder)
+    else:
+        attach(tuned, loaded)
+    metric = user.evaluate(tuned)
+    return CheckResult(
+        passed=Acceptance(target, margin, options.lower_is_better).holds(metric), metric=metric,
+        baseline=baseline.value, target=target, tolerance=float(tolerance), absolute=absolute,
+        lower_is_better=options.lower_is_better, plan=str(plan_file), model=str(user.path), dtype=loaded.dtype,
+        preset=loaded.preset, weights="checkpoint" if checkpoint else "fresh", spread=baseline.spread,
+        margin=margin, tuned_baseline=_number(metrics.get("baseline")), tuned_metric=_number(metrics.get("tuned")),
+        seconds=time.monotonic() - t0, warnings=tuple(warnings))
+
+
+def junit_xml(name: str, *, seconds: float, failure: str | None = None, error: str | None = None,
+              error_type: str = "Error", details: str = "", output: str = "") -> str:
+    """A JUnit XML document with one testsuite holding one testcase (a <failure> or <error> when not passing)."""
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    counts = {"tests": "1", "failures": "1" if failure else "0", "errors": "1" if error else "0",
+              "skipped": "0", "time": f"{seconds:.3f}"}
+    root = ET.Element("testsuites", {"name": "mpt check", **{k: v for k, v in counts.items() if k != "skipped"}})
+    suite = ET.SubElement(root, "testsuite", {"name": "mpt check", **counts, "timestamp": stamp})
+    case = ET.SubElement(suite, "testcase", {"classname": "mpt.check", "name": name, "time": f"{seconds:.3f}"})
+    if failure:
+        ET.SubElement(case, "failure", {"message": failure, "type": "TargetNotMet"}).text = details or failure
+    if error:
+        ET.SubElement(case, "error", {"message": error, "type": error_type}).text = details or error
+    if output:
+        ET.SubElement(case, "system-out").text = output
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def write_junit(path: str | Path, text: str) -> None:
+    """Write a JUnit report atomically, creating its folder."""
+    from tuner.core.fileio import atomic_write_text
+
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"junit: {path} is a folder; give a file name such as {target / 'mpt-check.xml'}",
+                          fields=("junit",))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(target, text)
+    except OSError as exc:
+        raise OutputError(f"cannot write the JUnit report {path}: {exc.strerror or exc}") from None

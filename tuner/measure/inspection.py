@@ -1,0 +1,266 @@
+"""`mpt inspect`: run the inputs once in FP32 and once under a policy, and explain every op call.
+
+Each record says where the call was made (module path), what ran (op, input
+dtypes, the dtype it computed in, output dtype), why (the rule), and what it
+cost in accuracy: `error` is the relative error of its output against the
+FP32 run's output at the same call (everything upstream included), and
+`local_error` the error the op itself adds: it re-runs the op on the FP32
+run's inputs with the same precision decision. The FP32 values are copied as
+each op makes them, since a later in-place op (`relu_`, `+=`) would change
+them; an in-place op is replayed on its input as it was before it wrote it.
+`neutral` marks calls whose precision cannot change their result (views,
+reshapes, copies, dropout in eval: `tuner.policy.opnames.is_neutral`); `top_records`
+ranks by the error a call adds itself and leaves those out.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from tuner.core.dtypes import LOWER_DTYPES, parse_dtype, short_name
+from tuner.core.inputs import ModelInputs, float_leaves, map_tensors
+from tuner.core.loader import call_forward
+from tuner.engine.attach import PolicyLike, as_plan, autocast
+from tuner.engine.function_mode import Decision
+from tuner.measure.flops import first_tensor, op_flops
+from tuner.policy.opnames import is_neutral
+from tuner.policy.rules import Rule
+
+_LOWER_NAMES = {short_name(d) for d in LOWER_DTYPES}
+Key = tuple[str, str, int]  # an op call: module path, op name, call index
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    module: str
+    op: str
+    index: int
+    input_dtypes: tuple[str, ...]
+    dtype: str
+    output_dtype: str
+    rule: Rule
+    reason: str
+    casts: int
+    flops: int
+    error: float | None
+    local_error: float | None
+    nonfinite: bool
+    neutral: bool = False  # its precision cannot change its result (a view, reshape, copy, eval dropout)
+
+    @property
+    def label(self) -> str:
+        return f"{self.module or '(root)'}:{self.op}#{self.index}"
+
+    @property
+    def adds_error(self) -> bool:
+        """Whether the call can add error of its own: not a neutral op, unless it cast an input itself."""
+        return not self.neutral or self.casts > 0
+
+
+@dataclass(frozen=True)
+class InspectSummary:
+    calls: int
+    lower_calls: int
+    lower_call_share: float
+    flops: int
+    lower_flops: int
+    lower_flop_share: float
+    casts: int
+    output_error: float | None
+    first_nonfinite: str | None
+    dtype: str
+    policy: str
+
+
+@dataclass(frozen=True)
+class InspectResult:
+    records: list[OpRecord]
+    summary: InspectSummary
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"records": [asdict(r) for r in self.records], "summary": asdict(self.summary)}
+
+
+def relative_error(out: Any, ref: Any) -> float | None:
+    """‖out − ref‖ / ‖ref‖ over every floating-point tensor of each, paired in order, in float64.
+
+    Integer leaves (token ids, masks) are skipped: they carry no rounding error,
+    and an output whose first tensor is `input_ids` would otherwise always
+    score 0. None when the two do not pair up (another count or shape) or hold
+    no floating-point tensor; NaN when the difference is NaN; inf when only
+    the reference is zero.
+    """
+    a, b = float_leaves(out), float_leaves(ref)
+    if not a or len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b, strict=False)):
+        return None
+    nums, denoms = [], []
+    for x, y in zip(a, b, strict=False):
+        y64 = y.detach().double()
+        x64 = x.detach().to(device=y64.device, dtype=torch.float64)
+        nums.append((x64 - y64).norm().item())
+        denoms.append(y64.norm().item())
+    if any(math.isnan(n) for n in nums):
+        return float("nan")
+    num, denom = math.hypot(*nums), math.hypot(*denoms)  # hypot: no overflow in the sum of squares
+    if denom == 0.0:
+        return 0.0 if num == 0.0 else float("inf")
+    return num / denom
+
+
+def _keep(t: Tensor) -> Tensor:
+    """A copy a later in-place op (`relu_`, `+=`) cannot change; parameters are not copied, a forward
+    does not write them, and copying every weight would double the model's memory."""
+    return t.detach() if isinstance(t, nn.Parameter) else t.detach().clone()
+
+
+def _cast_floats(x: Any, target: torch.dtype) -> Any:
+    """`x` with its floating-point tensors (float64 excepted, as the engine never casts it) in `target`."""
+    return map_tensors(x, lambda t: t.to(target) if t.is_floating_point() and t.dtype != torch.float64 else t)
+
+
+def _all_finite(x: Any) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in float_leaves(x))
+
+
+def _version(t: Tensor) -> int:
+    try:
+        return t._version  # bumped by every in-place write, shared with views
+    except RuntimeError:  # inference tensors have no version counter
+        return -1
+
+
+class _Made:
+    """The FP32 value each op output had when it was made, so that an in-place op on it
+    (`relu_(bn_out)`, `out += x`) can be replayed on its input as it was before the op wrote it."""
+
+    def __init__(self) -> None:
+        self._made: dict[int, tuple[weakref.ref, int, Tensor]] = {}
+
+    def add(self, out: Any, kept: Any) -> None:
+        if isinstance(out, Tensor):
+            self._made[id(out)] = (weakref.ref(out), _version(out), kept)
+
+    def inputs_before(self, d: Decision, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        """(args, kwargs) to replay the op on; None when its input before the op is unknown."""
+        rest = map_tensors(dict(kwargs), _keep)
+        if not d.rule.mutates:
+            return map_tensors(args, _keep), rest
+        if d.rule not in (Rule.INPLACE, Rule.INPLACE_FIRST_INPUT) or not args or not isinstance(args[0], Tensor):
+            return None  # `out=` ops write a tensor that is not an input
+        entry = self._made.get(id(args[0]))
+        if entry is None or entry[0]() is not args[0] or entry[1] < 0 or _version(args[0]) != entry[1] + 1:
+            return None  # not made by a recorded op, or written more than once since
+        return (entry[2], *map_tensors(args[1:], _keep)), rest
+
+
+def _sortable(value: float | None) -> float:
+    """NaN (an overflow) ranks above everything, an unknown error below everything."""
+    if value is None:
+        return -1.0
+    return math.inf if math.isnan(value) else value
+
+
+def own_error_key(r: Any) -> tuple[float, float]:
+    """The order of `top_records`: the error the op adds itself (`local_error`), then the error it
+    carries (`error`), which also ranks calls that have no local error."""
+    own = r.local_error if r.local_error is not None else r.error
+    return _sortable(own), _sortable(r.error)
+
+
+def top_records(records: list[OpRecord], n: int) -> list[OpRecord]:
+    """The `n` calls that add the most error themselves, largest first. Numerically neutral calls
+    (`OpRecord.adds_error` false: views, reshapes, permutes, eval dropout) are left out: their
+    `local_error` is only the rounding of the input they were handed, which the op that made it added."""
+    return sorted((r for r in records if r.adds_error), key=own_error_key, reverse=True)[:n]
+
+
+def inspect_model(model: nn.Module, inputs: ModelInputs | tuple, policy: PolicyLike = "torch-cpu",
+                  dtype: str | torch.dtype | None = None, *,
+                  modules: Mapping[str, str] | None = None,
+                  local_errors: bool = True) -> InspectResult:
+    """Explain, per op call, the precision `policy` gives `model(*args, **kwargs)` and the error it adds.
+
+    `inputs` is a ModelInputs or a tuple of positional args. Each op's FP32
+    output (and, for `local_error`, its inputs) is copied when it is made, so
+    an in-place op later in the forward (`F.relu(x, inplace=True)` after a
+    BatchNorm) cannot change the reference it is compared against. The
+    model's forward runs through `call_forward`, so a failure in it is a
+    UserCodeError naming the user's line; a plan made for another model is
+    refused (PlanMismatchError) before anything runs.
+    """
+    policy = as_plan(policy)  # a plan file is read (and checked against the model) once
+    probe = autocast(policy, dtype, model=model, modules=modules, recorder=lambda *a: None, engine="python")
+    pol, lower = probe.policy, probe.dtype
+    call = ModelInputs.of(inputs)
+
+    ref_out: dict[Key, Any] = {}
+    ref_in: dict[Key, tuple[Callable[..., Any], tuple, dict]] = {}
+    made = _Made()
+
+    def record_ref(d: Decision, func: Callable[..., Any], args: tuple, kwargs: dict, out: Any, *raw: Any) -> None:
+        key = (d.module, d.op, d.index)
+        ref_out[key] = kept = map_tensors(out, _keep)
+        if local_errors:
+            replay = made.inputs_before(d, args, kwargs)
+            if replay is not None:
+                ref_in[key] = (func, *replay)
+            made.add(out, kept)
+
+    fp32_inputs, policy_inputs = call.snapshot(), call.snapshot()  # the forward may write its inputs
+    with torch.no_grad(), autocast(policy, dtype, model=model, modules=modules, recorder=record_ref,
+                                   engine="python", dry_run=True):
+        fp32_output = call_forward(model, fp32_inputs)
+    fp32_output = map_tensors(fp32_output, _keep)
+
+    records: list[OpRecord] = []
+
+    def local_error(d: Decision, key: Key, ref: Any) -> float | None:
+        """The op re-run on the FP32 run's inputs in the dtype it computed in here."""
+        if key not in ref_in or d.compute not in ("bf16", "fp16", "fp32"):
+            return None
+        rfunc, rargs, rkwargs = ref_in[key]
+        target = parse_dtype(d.compute)
+        rargs = _cast_floats(rargs, target)
+        if d.rule.mutates:  # the op writes its first argument: never the kept FP32 value itself
+            rargs = (rargs[0].clone(), *rargs[1:])
+        try:
+            return relative_error(rfunc(*rargs, **_cast_floats(rkwargs, target)), ref)
+        except Exception:  # noqa: BLE001 - an op that cannot be replayed simply has no local error
+            return None
+
+    def record_policy(d: Decision, func: Callable[..., Any], args: tuple, kwargs: dict, out: Any, *raw: Any) -> None:
+        key = (d.module, d.op, d.index)
+        ref = ref_out.get(key)
+        o = first_tensor(out)
+        records.append(OpRecord(
+            module=d.module, op=d.op, index=d.index, input_dtypes=d.in_dtypes, dtype=d.compute,
+            output_dtype=short_name(o.dtype) if o is not None else "-", rule=d.rule, reason=d.reason,
+            casts=d.casts, flops=op_flops(d.op, args, kwargs, out),
+            error=relative_error(out, ref) if ref is not None else None,
+            local_error=local_error(d, key, ref) if ref is not None else None,
+            nonfinite=not _all_finite(out), neutral=is_neutral(d.op, args, kwargs)))
+
+    with torch.no_grad(), autocast(policy, dtype, model=model, modules=modules, recorder=record_policy,
+                                   engine="python"):
+        output = call_forward(model, policy_inputs)
+
+    float_calls = [r for r in records if r.dtype != "-"]
+    lower_calls = [r for r in float_calls if r.dtype in _LOWER_NAMES]
+    flops = sum(r.flops for r in records)
+    lower_flops = sum(r.flops for r in lower_calls)
+    first_bad = next((r.label for r in records if r.nonfinite
+                      and _all_finite(ref_out.get((r.module, r.op, r.index)))), None)
+    summary = InspectSummary(
+        calls=len(float_calls), lower_calls=len(lower_calls),
+        lower_call_share=len(lower_calls) / len(float_calls) if float_calls else 0.0,
+        flops=flops, lower_flops=lower_flops, lower_flop_share=lower_flops / flops if flops else 0.0,
+        casts=sum(r.casts for r in records), output_error=relative_error(output, fp32_output),
+        first_nonfinite=first_bad, dtype=short_name(lower), policy=pol.name)
+    return InspectResult(records=records, summary=summary)

@@ -1,0 +1,433 @@
+"""Ranking op instances by how much running them in the lower precision hurts the model's output.
+
+Two scorers, both on example inputs, both in units of relative output error
+(‖Δoutput‖ / ‖output‖) so their scores compare:
+
+- `gradient` (default): an FP32 forward pass in which every candidate op also
+  computes the error it adds by itself in the lower precision (its local error
+  δ, see below), then a few backward passes of random projections vᵀ·output.
+  Since E[(vᵀJδ)²] = ‖Jδ‖² for Gaussian v, each op's first-order effect on the
+  final output comes out of the same pass: the damage it does downstream, not
+  just its local error. Cost: about one forward plus `probes` backward passes
+  per group of candidates (one group unless their δ exceed the memory budget).
+- `exact`: one forward per candidate with only that op in the lower precision.
+  Catches effects a first-order estimate misses (saturation, overflow), at N forwards.
+Candidates whose error is non-finite (an overflow) score inf either way.
+
+**A candidate's own error.** In the all-low configuration an op's input that
+another candidate produced arrives already rounded: that rounding is the
+producer's (keeping the consumer in FP32 would not undo it). An input from
+anything else (an FP32-list op such as layer_norm, a model input, a weight) is
+rounded by the op's own cast. So the gradient ranking computes
+
+    δ_c = f(inputs as c would see them in the all-low configuration)
+          − f(inputs, the candidate-produced ones rounded to the lower dtype and back), in FP32
+
+where "as c would see them" follows c's rule: a lower-list op casts every
+floating input; a passthrough op (`add`, `sub` with no list of their own)
+gets the candidate-produced inputs in the lower dtype and the others as they
+are, and torch's type promotion decides (a residual `add` of a bf16 branch
+and an FP32 stream computes in FP32 and adds nothing). Which tensors are
+candidate outputs is tracked during the pass by identity (weak references),
+and passed on through numerically neutral ops (`tuner.policy.opnames.is_neutral`:
+views, reshapes, getitem, relu, eval dropout...) whose inputs all carry it.
+Tensors that reach an op without passing through the engine (`.T`, `.mT`,
+`.detach()`) lose the mark, and the consumer then owns that rounding.
+
+**Memory.** Parameters do not require grad during the gradient ranking, so
+autograd keeps no activations for weight gradients. Each candidate's output
+becomes a point of the graph by the recorder returning `y + a·δ` (the engine
+hands the model the recorder's value), with `a` a 0-dim zero leaf: the output
+is unchanged and ∂(vᵀout)/∂a = vᵀJδ directly. The only tensor that node keeps
+is δ, and the candidates are processed in groups whose δ bytes stay under a
+budget (default: max(64 MiB, the model's parameter bytes)); each group is one
+shadowed forward plus `probes` backward passes, and only its candidates
+compute a lower-precision shadow. Every group uses the same random probes, so
+grouping does not change a score. What the budget does not bound is what the
+backward pass itself needs: the activations saved by the ops downstream of the
+group's first candidate (gelu's input, layer_norm's input, attention's q/k/v),
+about what a training step keeps minus the inputs of weight gradients
+(`benchmarks/rank_scaling.py --memory` measures both).
+"""
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from tuner.core.inputs import ModelInputs, float_leaves, tensor_leaves
+from tuner.engine.function_mode import Decision, PrecisionEngine
+from tuner.measure.inspection import relative_error
+from tuner.policy.opnames import DROPOUT_OPS, NEUTRAL_OPS, is_neutral
+from tuner.policy.plan import OpInstance
+from tuner.policy.presets import Policy
+from tuner.policy.rules import Rule
+
+Progress = Callable[[int, int], None]
+
+MIN_BUDGET = 64 << 20  # bytes of δ one gradient pass may hold, at least
+
+_F32 = torch.float32
+_F64 = torch.float64
+
+
+def _error(out: Any, ref: Any) -> float:
+    err = relative_error(out, ref)
+    return float("inf") if err is None or not math.isfinite(err) else err
+
+
+def rank_exact(model: nn.Module, inputs: ModelInputs | tuple, policy: Policy, dtype: torch.dtype,
+               candidates: list[OpInstance], ref_out: Any, progress: Progress | None = None,
+               only: list[OpInstance] | None = None) -> dict[OpInstance, float]:
+    """Final-output error with only that instance in the lower precision (one forward each).
+
+    This is the true end-to-end effect of lowering that one instance, which differs from the gradient
+    ranking's δ on purpose: here every other candidate runs in FP32, so an input that a producer candidate
+    would hand over already rounded arrives in FP32 and the instance's own cast rounds it. An op right after
+    a fragile one (a `sub` after a linear whose output loses its signal in bf16) therefore scores about as
+    high as its producer here, and near zero in `rank_gradient`, which charges that rounding to the producer.
+
+    One engine serves all the forwards: per instance only one entry of its override table changes, so the
+    cost per instance is one forward of the model plus O(1) bookkeeping.
+    """
+    model_inputs = ModelInputs.of(inputs)
+    todo = list(only) if only is not None else list(candidates)
+    overrides = {c.key(): _F32 for c in candidates}
+    for c in todo:
+        overrides.setdefault(c.key(), _F32)
+    engine = PrecisionEngine(policy, dtype, root=model, instance_overrides=overrides)
+    table = engine.instance_overrides  # the engine's own copy: flipped in place, one entry per forward
+    scores: dict[OpInstance, float] = {}
+    with torch.no_grad():
+        for n, cand in enumerate(todo):
+            key = cand.key()
+            table[key] = dtype
+            try:
+                with engine:
+                    out = model_inputs.call(model)
+            finally:
+                table[key] = _F32
+            scores[cand] = _error(out, ref_out)
+            del out
+            if progress:
+                progress(n + 1, len(todo))
+    return scores
+
+
+class _Marks:
+    """Identities of the tensors that hold a candidate's (rounded, in the all-low run) output.
+
+    Weak: a mark does not keep its tensor alive, and it goes when the tensor does, so an id reused by a
+    later tensor is never mistaken for a marked one.
+    """
+
+    def __init__(self) -> None:
+        self._refs: dict[int, weakref.ref[Tensor]] = {}
+
+    def add(self, t: Tensor) -> None:
+        key = id(t)
+        ref = self._refs.get(key)
+        if ref is not None and ref() is t:
+            return
+        refs = self._refs
+
+        def gone(r: weakref.ref[Tensor], key: int = key) -> None:
+            if refs.get(key) is r:
+                del refs[key]
+
+        try:
+            refs[key] = weakref.ref(t, gone)
+        except TypeError:  # pragma: no cover - a tensor type without weak references: no mark
+            pass
+
+    def __contains__(self, t: object) -> bool:
+        ref = self._refs.get(id(t))
+        return ref is not None and ref() is t
+
+    def clear(self) -> None:
+        self._refs.clear()
+
+
+def _map_args(x: Any, fn: Callable[[Tensor], Any]) -> Any:
+    """`fn` on the tensors of an op's argument: itself or the items of a list/tuple (torch.cat's list)."""
+    if isinstance(x, Tensor):
+        return fn(x)
+    if isinstance(x, (list, tuple)) and any(isinstance(i, Tensor) for i in x):
+        items = [fn(i) if isinstance(i, Tensor) else i for i in x]
+        return tuple(items) if isinstance(x, tuple) else items
+    return x
+
+
+def _arg_tensors(args: tuple, kwargs: dict) -> Iterable[Tensor]:
+    for a in (*args, *(v for k, v in kwargs.items() if k != "out")):
+        if isinstance(a, Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from (i for i in a if isinstance(i, Tensor))
+
+
+def _first_float(out: Any) -> Tensor | None:
+    for t in tensor_leaves(out):
+        return t if t.is_floating_point() else None
+    return None
+
+
+def _replace_first(out: Any, new: Tensor) -> Any:
+    """`out` with its first tensor replaced by `new`; None when the container cannot be rebuilt."""
+    if isinstance(out, Tensor):
+        return new
+    if isinstance(out, (list, tuple)) and out and isinstance(out[0], Tensor):
+        items = [new, *out[1:]]
+        if type(out) is list:
+            return items
+        if type(out) is tuple:
+            return tuple(items)
+        try:
+            return type(out)(*items) if hasattr(out, "_fields") else type(out)(items)  # namedtuple, structseq
+        except Exception:  # noqa: BLE001 - a sequence type that cannot be rebuilt: no anchor
+            return None
+    return None
+
+
+def _widest(dtypes: list[torch.dtype]) -> torch.dtype:
+    out = dtypes[0]
+    for d in dtypes[1:]:
+        if d != out:
+            out = _F32
+    return out
+
+
+class _Shadow:
+    """The recorder of one gradient-ranking pass: marks candidate outputs and anchors its group's ones."""
+
+    def __init__(self, wanted: dict[tuple[str, str, int], OpInstance], policy: Policy, dtype: torch.dtype,
+                 budget: int, group: set[OpInstance] | None) -> None:
+        self.wanted = wanted
+        self.policy = policy
+        self.dtype = dtype
+        self.budget = budget
+        self.group = group  # None: the first pass, which takes candidates in order while the budget lasts
+        self.used = 0
+        self.closed = False
+        self.marks = _Marks()
+        self.order: list[OpInstance] = []  # candidates as they ran, with their δ bytes
+        self.sizes: dict[OpInstance, int] = {}
+        self.shadowed: list[OpInstance] = []
+        self.anchors: dict[OpInstance, Tensor] = {}
+        self.bad: set[OpInstance] = set()
+        self.rest_groups: list[list[OpInstance]] = []  # first pass: the groups the later passes take
+        self._rules: dict[str, Rule] = {}
+
+    # ----- which candidates this pass shadows ------------------------------------------------------------
+    def _take(self, cand: OpInstance, size: int) -> bool:
+        if self.group is not None:
+            return cand in self.group
+        if self.closed:
+            return False
+        if self.shadowed and self.used + size > self.budget:
+            self.closed = True
+            return False
+        self.used += size
+        return True
+
+    def _eligible(self, t: Any) -> bool:
+        return (isinstance(t, Tensor) and t.is_floating_point() and t.dtype != _F64
+                and (self.policy.device is None or t.device.type == self.policy.device))
+
+    def _rule(self, op: str) -> Rule:
+        rule = self._rules.get(op)
+        if rule is None:
+            rule = self._rules[op] = self.policy.lookup(op)[0]
+        return rule
+
+    # ----- the recorder ----------------------------------------------------------------------------------
+    def __call__(self, d: Decision, func: Any, args: tuple, kwargs: dict, out: Any,
+                 raw_args: tuple, raw_kwargs: dict) -> Any:
+        cand = self.wanted.get((d.module, d.op, d.index))
+        if cand is None:
+            if (d.op in NEUTRAL_OPS or d.op in DROPOUT_OPS) and is_neutral(d.op, raw_args, raw_kwargs):
+                floats = [t for t in _arg_tensors(raw_args, raw_kwargs) if t.is_floating_point()]
+                if floats and all(t in self.marks for t in floats):
+                    self._mark(out)
+            return None
+        result = None
+        y = _first_float(out)
+        if y is not None and cand not in self.sizes:
+            size = y.numel() * 4  # δ is kept in FP32
+            self.order.append(cand)
+            self.sizes[cand] = size
+            if self._take(cand, size):
+                self.shadowed.append(cand)
+                result = self._anchor(cand, d, func, args, kwargs, out, y)
+        self._mark(result if result is not None else out)
+        return result
+
+    def _mark(self, out: Any) -> None:
+        for t in tensor_leaves(out):
+            if t.is_floating_point():
+                self.marks.add(t)
+
+    def _anchor(self, cand: OpInstance, d: Decision, func: Any, args: tuple, kwargs: dict, out: Any,
+                y: Tensor) -> Any:
+        with torch.no_grad():
+            found = self._delta(d, func, args, kwargs, y)
+        if found is None:
+            return None
+        delta, finite = found
+        if not finite:
+            self.bad.add(cand)
+            return None
+        anchor = torch.zeros((), dtype=y.dtype, device=y.device, requires_grad=True)
+        replaced = _replace_first(out, torch.addcmul(y, anchor, delta.to(y.dtype)))  # = y, and d/da = δ
+        if replaced is not None:
+            self.anchors[cand] = anchor
+        return replaced
+
+    def _delta(self, d: Decision, func: Any, args: tuple, kwargs: dict, y: Tensor) -> tuple[Tensor, bool] | None:
+        """The error candidate `d` adds by itself in the lower precision (see the module doc), and whether it
+        is finite; None when the op's lower-precision result does not pair up with its output."""
+        low, marks, elig = self.dtype, self.marks, self._eligible
+        kwargs = {k: v for k, v in kwargs.items() if k != "out"}
+        ins = [t for t in _arg_tensors(args, kwargs) if elig(t)]
+        marked = any(t in marks for t in ins)
+        rule = self._rule(d.op)
+        if rule is Rule.LOWER or not marked or not ins:
+            # a lower-list op casts all its inputs; so does any op with no candidate-produced input (it runs
+            # low because of a cast outside the candidates' view, which the search cannot undo but its own)
+            def conv(t: Tensor) -> Tensor:
+                return t.to(low) if elig(t) else t
+        else:
+            arrived = [low if t in marks else t.dtype for t in ins]
+            target = None
+            if rule is Rule.PROMOTE:
+                target = _widest(arrived)
+            elif rule in (Rule.FIRST_INPUT, Rule.INPLACE_FIRST_INPUT, Rule.OUT_FIRST_INPUT):
+                target = arrived[0]
+
+            def conv(t: Tensor) -> Tensor:
+                if not elig(t):
+                    return t
+                t2 = t.to(low) if t in marks else t
+                return t2 if target is None else t2.to(target)
+
+        low_out = _first_float(func(*[_map_args(a, conv) for a in args],
+                                    **{k: _map_args(v, conv) for k, v in kwargs.items()}))
+        if marked:
+            def rounded(t: Tensor) -> Tensor:
+                return t.to(low).to(t.dtype) if elig(t) and t in marks else t
+
+            ref = _first_float(func(*[_map_args(a, rounded) for a in args],
+                                    **{k: _map_args(v, rounded) for k, v in kwargs.items()}))
+        else:
+            ref = y
+        if low_out is None or ref is None or low_out.shape != ref.shape:
+            return None
+        delta = low_out.detach().to(_F32, copy=True)
+        delta.sub_(ref.detach())
+        if bool(torch.isfinite(delta).all()):
+            return delta, True
+        # Positions already inf/NaN in the reference (a producer's overflow) are not this op's doing.
+        low32, ref32 = low_out.detach().to(_F32), ref.detach().to(_F32)
+        same = (low32 == ref32) | (torch.isnan(low32) & torch.isnan(ref32))
+        delta.masked_fill_(same, 0.0)
+        return delta, bool(torch.isfinite(delta).all())
+
+
+def _partition(order: list[OpInstance], sizes: dict[OpInstance, int], budget: int) -> list[list[OpInstance]]:
+    """Consecutive groups (in execution order) whose δ bytes stay under the budget (at least one each)."""
+    groups: list[list[OpInstance]] = []
+    used = 0
+    for c in order:
+        if groups and groups[-1] and used + sizes[c] <= budget:
+            groups[-1].append(c)
+            used += sizes[c]
+        else:
+            groups.append([c])
+            used = sizes[c]
+    return groups
+
+
+def default_budget(model: nn.Module) -> int:
+    """Bytes of δ one gradient pass may hold: max(64 MiB, the model's parameter bytes)."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    return max(MIN_BUDGET, params)
+
+
+def rank_gradient(model: nn.Module, inputs: ModelInputs | tuple, policy: Policy, dtype: torch.dtype,
+                  candidates: list[OpInstance], ref_out: Any, progress: Progress | None = None,
+                  probes: int = 8, seed: int = 0, *, memory_budget: int | None = None) -> dict[OpInstance, float]:
+    """First-order ‖J_c δ_c‖ / ‖output‖ for every candidate, δ_c being the error c adds by itself.
+
+    `memory_budget`: bytes of δ one pass may hold (default `default_budget(model)`); more candidates than
+    fit take more passes (each one forward plus `probes` backward passes). `progress(done, total)` is
+    called after each backward pass. Parameters' requires_grad flags are off during the passes and
+    restored after.
+    """
+    model_inputs = ModelInputs.of(inputs).map(lambda t: t.detach())
+    wanted = {c.key(): c for c in candidates}
+    budget = default_budget(model) if memory_budget is None else max(1, int(memory_budget))
+    overrides = {c.key(): _F32 for c in candidates}
+    sums: dict[OpInstance, float] = {}
+    bad: set[OpInstance] = set()
+    requires = {p: p.requires_grad for p in model.parameters()}
+    state = {"done": 0, "total": probes}
+
+    def one_pass(group: set[OpInstance] | None) -> _Shadow:
+        shadow = _Shadow(wanted, policy, dtype, budget, group)
+        with torch.enable_grad():
+            with PrecisionEngine(policy, dtype, root=model, instance_overrides=overrides, recorder=shadow):
+                out = model_inputs.call(model)
+            shadow.marks.clear()
+            if group is None:  # the first pass: now the sizes of all candidates are known
+                taken = set(shadow.shadowed)
+                shadow.rest_groups = _partition([c for c in shadow.order if c not in taken], shadow.sizes, budget)
+                state["total"] = probes * (1 + len(shadow.rest_groups))
+            leaves = float_leaves(out)
+            norm = math.hypot(*(float(torch.linalg.vector_norm(t.detach())) for t in leaves)) or 1.0
+            finals = [t for t in leaves if t.requires_grad]
+            keys = list(shadow.anchors)
+            found = {c: 0.0 for c in keys}
+            reached: set[OpInstance] = set()
+            gen = torch.Generator().manual_seed(seed)  # the same probes for every group: groups do not
+            for r in range(probes):                    # change a candidate's score
+                # one v per float output, whether this group reaches it or not, so that v is the same
+                vs = [torch.randn(t.shape, generator=gen, dtype=_F32).to(t.device, t.dtype) for t in leaves]
+                vs = [v for v, t in zip(vs, leaves, strict=False) if t.requires_grad]
+                if finals and keys:
+                    grads = torch.autograd.grad(finals, [shadow.anchors[c] for c in keys], grad_outputs=vs,
+                                                retain_graph=r < probes - 1, allow_unused=True)
+                    for c, g in zip(keys, grads, strict=False):
+                        if g is not None:
+                            found[c] += float(g) ** 2
+                            reached.add(c)
+                state["done"] += 1
+                if progress:
+                    progress(state["done"], state["total"])
+            del out, leaves, finals
+            shadow.anchors.clear()
+        for c in reached:
+            sums[c] = math.sqrt(found[c] / probes) / norm
+        bad.update(shadow.bad)
+        return shadow
+
+    try:
+        for p in requires:
+            p.requires_grad_(False)
+        first = one_pass(None)
+        for group in first.rest_groups:
+            one_pass(set(group))
+    finally:
+        for p, flag in requires.items():
+            p.requires_grad_(flag)
+    scores = dict(sums)
+    for c in bad:
+        scores[c] = float("inf")
+    # Ops the backward pass cannot see (no gradient path, an output that cannot be anchored) get the exact score.
+    missing = [c for c in candidates if c not in scores]
+    if missing:
+        scores.update(rank_exact(model, model_inputs, policy, dtype, candidates, ref_out, only=missing))
+    return scores

@@ -1,0 +1,106 @@
+"""How much of a forward pass runs in the lower precision: shares of op calls and of matmul/conv FLOPs.
+
+The one definition every output uses (trial lines, the summary, report.json,
+search.html, report.md): the lower-precision share of a forward is first its
+FLOP share -- matmul/conv/RNN FLOPs (`tuner.measure.flops.op_flops`) computed in
+bf16/fp16 over all FLOPs of the forward -- and second its call share -- op
+calls computed in bf16/fp16 over all floating-point op calls. `Shares.text`
+and `Shares.short` are how they are written.
+
+A search trial's shares come without a forward of their own: the all-lower
+forward that finds the candidates is counted once (`TuneSession.all_low`),
+and a trial subtracts what its FP32 candidates take away (`Shares.without`).
+
+`mpt inspect` computes these from its full per-call records (and an FP32
+reference pass for the errors). `mpt tune`'s report only needs the two
+shares, so `ShareCounter` counts them from the decisions of one recorded
+forward under the plan, with no reference pass and no stored outputs: the
+same pass that finds which parameters the checkpoint can store lowered
+(`tuner.report.checkpoint.plan_pass`). The counting rules are `inspect_model`'s
+summary's, so the report and `mpt inspect --plan` agree.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.core.dtypes import LOWER_DTYPES, short_name
+from tuner.engine.function_mode import Decision
+from tuner.measure.flops import op_flops
+
+_LOWER_NAMES = frozenset(short_name(d) for d in LOWER_DTYPES)
+
+
+@dataclass(frozen=True)
+class Shares:
+    """Op calls and FLOPs of one forward, and how many of them ran in the lower precision."""
+
+    calls: int = 0
+    lower_calls: int = 0
+    flops: int = 0
+    lower_flops: int = 0
+
+    @property
+    def call_share(self) -> float:
+        return self.lower_calls / self.calls if self.calls else 0.0
+
+    @property
+    def flop_share(self) -> float:
+        return self.lower_flops / self.flops if self.flops else 0.0
+
+    def without(self, calls: int, flops: int) -> Shares:
+        """These shares with `calls` lower calls (of `flops` FLOPs) moved to FP32.
+
+        The FLOP share this gives is the plan's: FLOPs come from matmul/conv-like ops, which run in the
+        lower precision unless the plan keeps them FP32. The call share is an upper bound: ops that follow
+        their inputs' precision turn FP32 downstream of an FP32 instance, which only a forward can tell.
+        Trial lines therefore show the FLOP share; the plan's call share comes from a recorded forward
+        (`tuner.report.checkpoint.plan_pass`)."""
+        return Shares(self.calls, max(0, self.lower_calls - calls), self.flops, max(0, self.lower_flops - flops))
+
+    def short(self) -> str:
+        return short_text(self.flop_share)
+
+    def text(self, dtype: str) -> str:
+        return share_text(self.flop_share, self.call_share, dtype)
+
+    def to_dict(self) -> dict[str, float]:
+        """The report.json keys of the plan's shares."""
+        return {"low_precision_flop_share": self.flop_share, "low_precision_call_share": self.call_share}
+
+
+class ShareCounter:
+    """An engine-recorder companion: call `add` with each Decision; `shares` is the running total.
+
+    Counts like `inspect_model`'s summary: a call is a floating-point call when
+    it computed in some dtype (compute != "-"), a lower call when that dtype
+    is bf16/fp16; FLOPs are `op_flops` of every call, lower FLOPs those of
+    the lower calls.
+    """
+
+    def __init__(self) -> None:
+        self._calls = self._lower_calls = self._flops = self._lower_flops = 0
+
+    def add(self, decision: Decision, args: tuple, kwargs: dict, out: Any) -> None:
+        flops = op_flops(decision.op, args, kwargs, out)
+        self._flops += flops
+        if decision.compute == "-":
+            return
+        self._calls += 1
+        if decision.compute in _LOWER_NAMES:
+            self._lower_calls += 1
+            self._lower_flops += flops
+
+    @property
+    def shares(self) -> Shares:
+        return Shares(self._calls, self._lower_calls, self._flops, self._lower_flops)
+
+
+def short_text(flop_share: float) -> str:
+    """For a trial line or a table cell: ` 62% FLOPs` (the FLOP share alone: see `Shares.without`)."""
+    return f"{flop_share:4.0%} FLOPs"
+
+
+def share_text(flop_share: float, call_share: float, dtype: str) -> str:
+    """For a summary: `62% of matmul/conv FLOPs (75% of op calls) in bf16`."""
+    return f"{flop_share:.0%} of matmul/conv FLOPs ({call_share:.0%} of op calls) in {dtype}"

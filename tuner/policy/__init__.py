@@ -1,0 +1,1 @@
+"""What precision each op gets, as data: rules, op names, policies and presets, the Plan."""

@@ -1,0 +1,190 @@
+"""Op names: how a Python-level torch call is named in op lists.
+
+Lists use the names the seed documents use: plain function names (`linear`,
+`conv2d`, `softmax`, `cross_entropy`), operator names without dunders (`add`,
+`mul`, `truediv`, `iadd`) and `__matmul__`. torch.autocast's lists use ATen
+names (`cross_entropy_loss`, `conv_transpose2d`); ALIASES lets a Python-level
+call match the ATen name it lowers to, so one engine serves both kinds of list.
+"""
+from __future__ import annotations
+
+import difflib
+import functools
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+# Python-level call name -> other names it is known by in lists (ATen names).
+# Note: torch hands a TorchFunctionMode the method behind an operator: `a @ b`
+# arrives as `matmul`, `a / b` as `div`, `a += b` as `add_`. The aliases let
+# the seeds' operator names (`__matmul__`, `truediv`, `iadd`) still match.
+ALIASES: dict[str, tuple[str, ...]] = {
+    "matmul": ("__matmul__",),
+    "div": ("truediv", "true_divide", "divide"),
+    "add_": ("iadd",),
+    "sub_": ("isub",),
+    "mul_": ("imul",),
+    "div_": ("itruediv",),
+    "__matmul__": ("matmul",),
+    "__rmatmul__": ("matmul",),
+    "cross_entropy": ("cross_entropy_loss",),
+    "cross_entropy_loss": ("cross_entropy",),
+    "nll_loss": ("nll_loss2d", "nll_loss_nd"),
+    "nll_loss_nd": ("nll_loss", "nll_loss2d"),
+    "truediv": ("true_divide", "div"),
+    "true_divide": ("truediv",),
+    "divide": ("div",),
+    "dropout1d": ("feature_dropout",),
+    "dropout2d": ("feature_dropout",),
+    "dropout3d": ("feature_dropout",),
+    "conv_transpose1d": ("conv_transpose1d",),
+}
+
+# Dunder methods keep the seeds' spelling: `__add__` -> `add`, `__iadd__` -> `iadd`.
+_KEEP_DUNDER = {"__matmul__", "__rmatmul__"}
+
+# Calls that never compute on float data (metadata, printing, conversions to Python).
+SKIP: frozenset[str] = frozenset(
+    """__get__ __set__ __len__ __repr__ __format__ __str__ __bool__ __int__ __float__ __index__
+    __contains__ __hash__ __iter__ __reduce_ex__ __deepcopy__ __array__ __dlpack__ __dlpack_device__
+    __setstate__ __getstate__ __reversed__ __eq__ __ne__ __lt__ __le__ __gt__ __ge__
+    size dim numel nelement element_size stride storage_offset is_contiguous is_floating_point
+    is_complex item tolist data_ptr untyped_storage storage type_as type to float double half bfloat16
+    cpu cuda detach detach_ requires_grad_ retain_grad register_hook backward numpy shape dtype
+    device get_device is_set_to has_names names is_same_size is_nonzero clone_ new_empty new_zeros
+    new_ones new_full new_tensor empty_like zeros_like ones_like full_like rand_like randn_like
+    randint_like _is_view is_leaf grad_fn eq ne lt le gt ge argmax argmin isnan isinf isfinite
+    equal allclose isclose all any nonzero""".split()
+)
+
+
+def _raw_name(func: Callable[..., Any]) -> str:
+    name = getattr(func, "__name__", None)
+    if name is None:  # properties and odd callables
+        name = getattr(getattr(func, "fget", None), "__name__", None) or type(func).__name__
+    return name
+
+
+@functools.lru_cache(maxsize=4096)
+def _canonical_from_raw(name: str) -> str:
+    if name in _KEEP_DUNDER:
+        return name
+    if name.startswith("__") and name.endswith("__") and len(name) > 4:
+        core = name[2:-2]
+        if core in ("rdiv", "rtruediv"):
+            return "truediv"
+        if core.startswith("r") and core[1:] in {"add", "sub", "mul", "truediv", "div", "floordiv", "mod", "pow",
+                                                  "and", "or", "xor", "lshift", "rshift"}:
+            return core[1:]
+        return core
+    return name
+
+
+def canonical_name(func: Callable[..., Any]) -> str:
+    """The list name of a torch callable: `Tensor.__iadd__` -> `iadd`, `F.linear` -> `linear`."""
+    return _canonical_from_raw(_raw_name(func))
+
+
+def is_inplace(name: str) -> bool:
+    """In-place: `add_`, `iadd`, `imul`... (output and first input share storage)."""
+    if name.endswith("_") and not name.startswith("_"):
+        return True
+    return name in {"iadd", "isub", "imul", "itruediv", "idiv", "ifloordiv", "imod", "ipow", "imatmul",
+                    "iand", "ior", "ixor", "ilshift", "irshift", "setitem"}
+
+
+def lookup_names(name: str) -> tuple[str, ...]:
+    """Names to try, in order, when looking `name` up in an op list."""
+    return (name, *ALIASES.get(name, ()))
+
+
+def is_python_composite(func: Callable[..., Any]) -> bool:
+    """A torch function written in Python (F.layer_norm, F.multi_head_attention_forward...).
+
+    Unless a list names it, the engine runs its body with interception still on,
+    so the builtin ops inside it (linear, bmm...) get their own rules, as under
+    torch.autocast, which sees the ATen ops such functions lower to.
+    """
+    if not isinstance(func, types.FunctionType):
+        return False
+    filename = func.__code__.co_filename.replace("\\", "/")
+    # boolean_dispatch wrappers (max_pool2d...) claim torch.nn.functional but live in _jit_internal: not them.
+    return filename.endswith(("torch/nn/functional.py", "torch/functional.py"))
+
+
+@functools.lru_cache(maxsize=1)
+def known_op_names() -> frozenset[str]:
+    """Every name an op list may use: torch, Tensor and functional callables plus ATen names."""
+    names: set[str] = set()
+    for ns in (torch, torch.Tensor, F, torch._C._nn, torch.linalg, torch.fft, torch.special):
+        for attr in dir(ns):
+            if attr.startswith("_") and not attr.startswith("__"):
+                continue
+            obj = getattr(ns, attr, None)
+            if callable(obj):
+                names.add(_canonical_from_raw(getattr(obj, "__name__", attr) or attr))
+                names.add(_canonical_from_raw(attr))
+    for schema_name in torch._C._dispatch_get_all_op_names():
+        if schema_name.startswith("aten::"):
+            names.add(schema_name[6:].split(".")[0])
+    for name, alts in ALIASES.items():
+        names.add(name)
+        names.update(alts)
+    names.update({"iadd", "isub", "imul", "itruediv", "truediv", "reflection_pad", "replication_pad"})
+    return frozenset(n for n in names if n)
+
+
+def suggest(name: str, n: int = 3) -> list[str]:
+    return difflib.get_close_matches(name, sorted(known_op_names()), n=n, cutoff=0.6)
+
+
+# Ops whose compute precision cannot change the numbers: given an input already rounded to the lower
+# dtype, computing them in that dtype gives exactly the FP32 result rounded to it (they only move, copy,
+# select, reorder or negate values, or compare them with a constant that rounds monotonically). Their
+# precision is never worth an FP32 fallback, so they are not tuning candidates, and the ranking passes a
+# producer's rounding through them to the op that consumes their output. Names are the ones the engine
+# reports (`Decision.op`, see canonical_name). tests/measure/test_ranking.py checks the property for every name.
+NEUTRAL_OPS: frozenset[str] = frozenset(
+    """view view_as reshape reshape_as flatten unflatten ravel squeeze unsqueeze transpose swapaxes swapdims
+    permute movedim moveaxis t contiguous clone detach expand expand_as broadcast_to broadcast_tensors
+    as_strided narrow select getitem __getitem__ diagonal unfold split split_with_sizes tensor_split chunk
+    unbind hsplit vsplit dsplit cat concat concatenate stack hstack vstack dstack column_stack repeat
+    repeat_interleave tile flip fliplr flipud roll rot90 tril triu diag_embed index_select gather take
+    take_along_dim masked_select masked_fill where pixel_shuffle pixel_unshuffle channel_shuffle im2col
+    pad constant_pad_nd reflection_pad1d reflection_pad2d reflection_pad3d replication_pad1d
+    replication_pad2d replication_pad3d upsample_nearest1d upsample_nearest2d upsample_nearest3d
+    _upsample_nearest_exact1d _upsample_nearest_exact2d _upsample_nearest_exact3d embedding
+    relu relu6 hardtanh clamp clip clamp_min clamp_max neg negative positive abs sign sgn floor ceil trunc fix
+    max min amax amin maximum minimum fmax fmin sort msort topk kthvalue median nanmedian cummax cummin
+    max_pool1d max_pool2d max_pool3d max_pool1d_with_indices max_pool2d_with_indices max_pool3d_with_indices
+    adaptive_max_pool1d adaptive_max_pool2d adaptive_max_pool3d""".split()
+)
+
+# Identity when not training (`nn.Dropout` in eval calls F.dropout(x, p, False, inplace), which the engine
+# sees as torch.dropout(x, p, False); Dropout1d/2d/3d as feature_dropout).
+DROPOUT_OPS: frozenset[str] = frozenset(
+    {"dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout", "dropout1d", "dropout2d",
+     "dropout3d"})
+
+
+def is_neutral(op: str, args: tuple = (), kwargs: dict | None = None) -> bool:
+    """Whether this call's compute precision cannot change its result (see NEUTRAL_OPS): a shape, copy or
+    selection op, or a dropout that is not training. Such a call is no tuning candidate.
+
+    It says nothing about casts: an op in a lower list that receives an FP32 tensor still rounds it
+    (`Decision.casts > 0`), which is that call's own doing."""
+    if op in NEUTRAL_OPS:
+        return True
+    if op in DROPOUT_OPS:
+        kwargs = kwargs or {}
+        if "training" in kwargs:
+            training = kwargs["training"]
+        elif "train" in kwargs:
+            training = kwargs["train"]
+        else:
+            training = args[2] if len(args) > 2 else True  # F.dropout's default is training=True
+        return training is False or (isinstance(training, (int, float)) and not training)
+    return False

@@ -1,0 +1,258 @@
+"""Precision plans: a preset plus what tuning (or the user) changed, saved as YAML.
+
+A plan is the unit users commit, `mpt inspect --plan` shows and `tuner.load`
+applies: the lower dtype, the preset, optional replacement op lists,
+per-module overrides (dotted path or glob -> dtype) and per-instance
+overrides (module path + op name + call index -> dtype).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from tuner.core.dtypes import parse_dtype, short_name
+from tuner.core.errors import ConfigError
+from tuner.core.fileio import atomic_write_text
+from tuner.core.yamlio import check_keys, load_yaml_file
+from tuner.policy.presets import Policy, check_op_names, load_preset
+
+PLAN_VERSION = 1
+
+
+@dataclass(frozen=True, order=True)
+class OpInstance:
+    """One op call site: the `index`-th call of `op` made directly by module `module`."""
+
+    module: str
+    op: str
+    index: int = 0
+
+    def key(self) -> tuple[str, str, int]:
+        return (self.module, self.op, self.index)
+
+    def label(self) -> str:
+        mod = self.module or "(root)"
+        return f"{mod}:{self.op}#{self.index}"
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """Which model a plan (or journal) was made for, recorded as data.
+
+    `file` is the model file and `build`/`eval`/`inputs` the function specs
+    the user gave (a name, or FILE.py:NAME), files relative to the plan's
+    folder; None means the default name. `structure` (module paths, parameter
+    names and shapes), `weights` (the FP32 state dict) and `source` (the
+    user's files) are digests from `tuner.core.fingerprint`.
+    """
+
+    file: str
+    build: str | None = None
+    eval: str | None = None
+    inputs: str | None = None
+    structure: str = ""
+    weights: str = ""
+    source: str = ""
+
+    FIELDS = ("file", "build", "eval", "inputs", "structure", "weights", "source")
+
+    def __post_init__(self) -> None:
+        problems = [f"model.{k}: expected a string, found {type(getattr(self, k)).__name__}"
+                    for k in self.FIELDS if getattr(self, k) is not None and not isinstance(getattr(self, k), str)]
+        if not self.file:
+            problems.append("model.file: missing")
+        if problems:
+            raise ConfigError(problems, source="plan")
+
+    def to_dict(self) -> dict[str, str]:
+        return {k: getattr(self, k) for k in self.FIELDS if getattr(self, k)}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ModelRef:
+        if not isinstance(data, dict):
+            raise ConfigError(f"model: expected a mapping, found {type(data).__name__}", source="plan")
+        problems = check_keys(data, cls.FIELDS, where="model.")
+        if problems:
+            raise ConfigError(problems, source="plan")
+        return cls(**{k: data[k] for k in cls.FIELDS if k in data})
+
+    def check_structure(self, model: Any, *, what: str = "the plan") -> None:
+        """PlanMismatchError when `model` is not the architecture this was made for."""
+        if not self.structure:
+            return
+        from tuner.core.errors import PlanMismatchError
+        from tuner.core.fingerprint import structure_digest
+
+        if structure_digest(model) != self.structure:
+            raise PlanMismatchError(f"{what} was made for another model ({self.file}): its module tree or "
+                                    "parameter shapes differ from this model's")
+
+
+@dataclass(frozen=True)
+class Plan:
+    dtype: str = "bf16"
+    preset: str = "torch-cpu"
+    lower: tuple[str, ...] | None = None
+    fp32: tuple[str, ...] | None = None
+    promote: tuple[str, ...] | None = None
+    modules: tuple[tuple[str, str], ...] = ()
+    fp32_instances: tuple[OpInstance, ...] = ()
+    metrics: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    version: int = PLAN_VERSION
+    model: ModelRef | None = field(default=None, compare=False)
+    checkpoint_sha256: str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        try:
+            dt = parse_dtype(self.dtype, lower_only=True)
+            object.__setattr__(self, "dtype", short_name(dt))
+        except ValueError as exc:
+            problems.append(f"dtype: {exc}")
+        if self.version != PLAN_VERSION:
+            if isinstance(self.version, int) and self.version > PLAN_VERSION:
+                problems.append(f"version: plan version {self.version} is newer than this mpt reads "
+                                f"({PLAN_VERSION}); upgrade mpt-tuner")
+            else:
+                problems.append(f"version: expected {PLAN_VERSION}, found {self.version!r}")
+        for attr in ("lower", "fp32", "promote"):
+            value = getattr(self, attr)
+            if value is not None:
+                object.__setattr__(self, attr, tuple(value))
+                problems += check_op_names(value, attr)
+        mods = tuple((str(k), str(v)) for k, v in (self.modules.items() if isinstance(self.modules, Mapping)
+                                                     else self.modules))
+        object.__setattr__(self, "modules", mods)
+        for pattern, value in mods:
+            try:
+                parse_dtype(value)
+            except ValueError as exc:
+                problems.append(f"modules.{pattern}: {exc}")
+        insts = tuple(i if isinstance(i, OpInstance) else OpInstance(*i) for i in self.fp32_instances)
+        object.__setattr__(self, "fp32_instances", insts)
+        if problems:
+            raise ConfigError(problems, source="plan")
+        if self.lower is not None and self.fp32 is not None:
+            both = sorted(set(self.lower) & set(self.fp32))
+            if both:
+                raise ConfigError(f"ops in both the lower-precision and the FP32 list: {', '.join(both)}",
+                                  source="plan")
+        self.policy()  # validates the preset name and the combined lists
+
+    # ----- resolution ---------------------------------------------------------
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return parse_dtype(self.dtype)
+
+    def policy(self) -> Policy:
+        base = load_preset(self.preset)
+        if self.lower is None and self.fp32 is None and self.promote is None:
+            return base
+        lower = set(self.lower) if self.lower is not None else set(base.lower)
+        fp32 = set(self.fp32) if self.fp32 is not None else set(base.fp32)
+        if self.lower is not None and self.fp32 is None:
+            fp32 -= lower
+        if self.fp32 is not None and self.lower is None:
+            lower -= fp32
+        promote = set(self.promote) if self.promote is not None else set(base.promote)
+        return base.replace(name=f"{base.name}+plan", lower=frozenset(lower), fp32=frozenset(fp32),
+                            promote=frozenset(promote))
+
+    def module_overrides(self) -> dict[str, torch.dtype]:
+        return {pattern: parse_dtype(value) for pattern, value in self.modules}
+
+    def instance_overrides(self) -> dict[tuple[str, str, int], torch.dtype]:
+        return {inst.key(): torch.float32 for inst in self.fp32_instances}
+
+    # ----- YAML ---------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"version": self.version, "dtype": self.dtype, "preset": self.preset}
+        for attr in ("lower", "fp32", "promote"):
+            value = getattr(self, attr)
+            if value is not None:
+                data[attr] = sorted(value)
+        if self.modules:
+            data["modules"] = {k: v for k, v in self.modules}
+        data["fp32_instances"] = [{"module": i.module, "op": i.op, "index": i.index}
+                                  for i in sorted(self.fp32_instances)]
+        if self.metrics:
+            data["metrics"] = dict(self.metrics)
+        if self.model is not None:
+            data["model"] = self.model.to_dict()
+        if self.checkpoint_sha256:
+            data["checkpoint_sha256"] = self.checkpoint_sha256
+        return data
+
+    def save(self, path: str | Path, *, header: str = "") -> None:
+        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        lines = [f"# mpt precision plan, written {stamp}"]
+        lines += [f"# {h}" for h in header.splitlines()] if header else []
+        lines.append("# Load with: tuner.autocast(PATH) | mpt inspect MODEL --plan PATH | tuner.load(model, DIR)")
+        text = "\n".join(lines) + "\n" + yaml.safe_dump(self.to_dict(), sort_keys=False)
+        atomic_write_text(path, text)
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str = "plan") -> Plan:
+        if not isinstance(data, dict):
+            raise ConfigError(f"a plan is a YAML mapping, found {type(data).__name__}", source=source)
+        allowed = {"version", "dtype", "preset", "lower", "fp32", "promote", "modules", "fp32_instances", "metrics",
+                   "model", "checkpoint_sha256"}
+        problems = check_keys(data, allowed, where="")
+        model_ref = None
+        if data.get("model") is not None:
+            try:
+                model_ref = ModelRef.from_dict(data["model"])
+            except ConfigError as exc:
+                problems += exc.errors
+        digest = data.get("checkpoint_sha256")
+        if digest is not None and not isinstance(digest, str):
+            problems.append(f"checkpoint_sha256: expected a string, found {type(digest).__name__}")
+        insts = []
+        for n, item in enumerate(data.get("fp32_instances") or []):
+            if not isinstance(item, dict) or not {"module", "op"} <= set(item):
+                problems.append(f"fp32_instances[{n}]: expected a mapping with module, op and index")
+                continue
+            problems += check_keys(item, {"module", "op", "index"}, where=f"fp32_instances[{n}].")
+            index = item.get("index", 0)
+            if not isinstance(index, int) or index < 0:
+                problems.append(f"fp32_instances[{n}].index: expected an integer >= 0, found {index!r}")
+                continue
+            insts.append(OpInstance(str(item["module"]), str(item["op"]), index))
+        modules = data.get("modules") or {}
+        if not isinstance(modules, dict):
+            problems.append(f"modules: expected a mapping of module path/glob to dtype, found {type(modules).__name__}")
+            modules = {}
+        for attr in ("lower", "fp32", "promote"):
+            if attr in data and not isinstance(data[attr], list):
+                problems.append(f"{attr}: expected a list of op names, found {type(data[attr]).__name__}")
+        if problems:
+            raise ConfigError(problems, source=source)
+        try:
+            return cls(
+                dtype=data.get("dtype", "bf16"),
+                preset=data.get("preset", "torch-cpu"),
+                lower=data.get("lower"),
+                fp32=data.get("fp32"),
+                promote=data.get("promote"),
+                modules=tuple(modules.items()),
+                fp32_instances=tuple(insts),
+                metrics=data.get("metrics") or {},
+                version=data.get("version", PLAN_VERSION),
+                model=model_ref,
+                checkpoint_sha256=digest,
+            )
+        except ConfigError as exc:
+            raise ConfigError(exc.errors, source=source) from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        path = Path(path)
+        if path.is_dir():
+            path = path / "plan.yaml"
+        return cls.from_dict(load_yaml_file(path), source=str(path))

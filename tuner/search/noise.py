@@ -1,0 +1,82 @@
+"""Noisy metrics: measure how much `evaluate` varies on the same model, and judge plans against that.
+
+The FP32 baseline is evaluated twice. Equal results mean a deterministic
+evaluate (one extra evaluation, spread 0). Different results mean noise: the
+baseline is evaluated up to `NOISY_SAMPLES` times, the baseline is their mean
+and the spread their range (max - min).
+
+Two rules share that spread:
+- `Acceptance.confirms` (tune): a trial counts as passing only when its metric
+  clears the target by more than the spread, so a plan accepted on a lucky
+  draw is unlikely;
+- `Acceptance.holds` (check): a plan fails only when its metric misses the
+  target by more than the spread, so a noise-sized dip is not a regression.
+With no noise both reduce to `metric >= target` (or `<=` for a loss).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+NOISY_SAMPLES = 5
+
+
+@dataclass(frozen=True)
+class Baseline:
+    samples: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.samples:
+            raise ValueError("a baseline needs at least one sample")
+
+    @property
+    def value(self) -> float:
+        return self.samples[0] if self.spread == 0 else statistics.fmean(self.samples)
+
+    @property
+    def spread(self) -> float:
+        return max(self.samples) - min(self.samples)
+
+    @property
+    def noisy(self) -> bool:
+        return self.spread > 0
+
+    @property
+    def complete(self) -> bool:
+        """Enough samples: two equal ones, or NOISY_SAMPLES when they differ."""
+        if len(self.samples) < 2:
+            return False
+        return not self.noisy or len(self.samples) >= NOISY_SAMPLES
+
+
+def measure_baseline(run: Callable[[], float], samples: tuple[float, ...] = ()) -> Baseline:
+    """Evaluate until the baseline is `complete`, starting from samples already known (a journal)."""
+    base = Baseline(tuple(samples) or (run(),))
+    while not base.complete:
+        base = Baseline(base.samples + (run(),))
+    return base
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """The target and the noise margin around it."""
+
+    target: float
+    margin: float = 0.0
+    lower_is_better: bool = False
+
+    def _clearance(self, metric: float) -> float:
+        return self.target - metric if self.lower_is_better else metric - self.target
+
+    def confirms(self, metric: float | None) -> bool:
+        if metric is None or not math.isfinite(metric):
+            return False
+        clearance = self._clearance(metric)
+        return clearance > self.margin if self.margin > 0 else clearance >= 0
+
+    def holds(self, metric: float | None) -> bool:
+        if metric is None or not math.isfinite(metric):
+            return False
+        return self._clearance(metric) >= -self.margin

@@ -1,0 +1,330 @@
+"""The fallback search: which ranked op instances must stay in FP32.
+
+Pure algorithm over a `test(fp32_set) -> Probe` oracle (a bool is accepted
+too), so it runs on real models (session.py) and on planted oracles (tests,
+benchmarks/search_evals.py). Each test is one full evaluation.
+
+Two regimes, one search:
+- *a few fragile ops* (a planted bug, an overflow): their scores stand far above
+  the rest (a gap); the top g go first, and the search probes g, then g-1.
+- *many small contributors* (real CNNs and transformers): the error of many ops
+  adds up. The candidates are ordered by error removed per unit of cost
+  (score² / cost, cost = the op's FLOPs plus its output size), so the FP32 set is
+  the cheapest one that removes the most error, and the search looks for the
+  shortest prefix of that order that passes.
+
+The cut is found by a bracketed search on the prefix length. Each probe is
+placed where a calibrated model predicts the target lies: the predicted
+residual error of a prefix (the quadrature sum of the scores left in the lower
+precision) maps to the measured metric drop as drop = a·error^p, fitted to the
+probes so far (the all-low trial is the first point). The guess is clamped so
+that the bracket always shrinks at least as fast as bisection would with the
+probes left, so the cut costs at most ceil(log2 N) + 1 probes, usually fewer,
+and it stops early once the undecided instances hold under 1% of the cost.
+Probes left within that bound then try lowering back, one at a time, the
+prefix's heaviest instances per unit of error (`_lower_heavy`).
+`thorough=True` then proves every instance of the prefix necessary by group
+testing (Hwang's generalized binary splitting), at more evaluations.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+GAP = 8.0  # score ratio that counts as a clear gap in the ranking
+AIM = 0.7  # extrapolating: place a probe where the predicted drop is this share of the allowed drop
+THRESHOLD = 0.98  # interpolating between a failing and a passing probe: aim just inside the target
+DEFAULT_P = 1.5  # drop ~ error^p: ~1 for agreement/accuracy metrics, ~2 for cosine and KL; until measured
+STOP_COST_SHARE = 0.01  # stop refining the cut once the undecided instances cost less than this share
+HEAVY_COST_SHARE = 0.001  # an FP32 instance worth trying to lower back: at least this share of the cost
+
+
+class SearchStopped(Exception):
+    """Raised by `test` when a bound (evaluations, time, an interrupt) stops the search; `reason` says which."""
+
+    def __init__(self, reason: object) -> None:
+        super().__init__(str(reason))
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One test's outcome: passed, and the metric drop as a share of the allowed drop (1.0: at the target)."""
+
+    passed: bool
+    drop: float | None = None  # None: unknown (an oracle that only says pass/fail)
+
+
+@dataclass
+class SearchOutcome:
+    fp32: frozenset[int] | None  # best confirmed FP32 set (None: nothing passed)
+    evals: int
+    stopped: object | None = None  # SearchStopped.reason: why the search was cut short
+    notes: list[str] = field(default_factory=list)
+    trusted_gap: bool = False
+
+
+def gap_index(scores: Sequence[float], *, gap: float = GAP, max_share: float = 0.5) -> int | None:
+    """g such that the top-g scores are >= gap times the next one; None without a clear gap."""
+    ordered = sorted(scores, reverse=True)
+    n = len(ordered)
+    best, best_ratio = None, gap
+    floor = max(ordered[-1] if ordered else 0.0, 1e-12)
+    for i in range(1, max(1, int(n * max_share)) + 1):
+        if i >= n:
+            break
+        hi, lo = ordered[i - 1], max(ordered[i], floor)
+        if hi <= 0:
+            break
+        ratio = hi / lo
+        if ratio >= best_ratio:
+            best, best_ratio = i, ratio
+    return best
+
+
+def search_order(scores: Sequence[float], costs: Sequence[float] | None = None) -> tuple[list[int], int | None]:
+    """Items in the order they go to FP32, and the gap g (the top g by score lead) or None.
+
+    Without a gap, items are ordered by score² / cost: the error they remove
+    (errors add in quadrature) per unit of what keeping them in FP32 costs.
+    """
+    n = len(scores)
+    cost = list(costs) if costs is not None else [1.0] * n
+    g = gap_index(scores)
+    by_score = sorted(range(n), key=lambda i: (-_finite(scores[i]), i))
+    head = by_score[:g] if g is not None else []
+    rest = [i for i in range(n) if i not in set(head)]
+    rest.sort(key=lambda i: (-_finite(scores[i]) ** 2 / max(cost[i], 1e-12), -_finite(scores[i]), i))
+    return head + rest, g
+
+
+def _finite(x: float) -> float:
+    return 1e30 if not math.isfinite(x) else max(x, 0.0)
+
+
+class _ErrorModel:
+    """Predicted residual error of each prefix, and the drop = a·error^p fit that turns it into a probe."""
+
+    def __init__(self, ordered_scores: Sequence[float]) -> None:
+        squares = [min(_finite(s), 1e15) ** 2 for s in ordered_scores]
+        suffix = [0.0] * (len(squares) + 1)
+        for i in range(len(squares) - 1, -1, -1):
+            suffix[i] = suffix[i + 1] + squares[i]
+        self.residual = [math.sqrt(v) for v in suffix]  # residual[k]: error left with the first k in FP32
+        self.points: dict[int, float] = {}  # prefix length -> measured drop
+
+    def observe(self, k: int, drop: float | None) -> None:
+        if drop is not None and math.isfinite(drop) and drop > 0 and self.residual[k] > 0:
+            self.points[k] = drop
+
+    def guess(self, lo: int, hi: int) -> int | None:
+        """The prefix length the fit predicts for the target; None without data.
+
+        Between two measured ends of the bracket: interpolate (log drop against
+        log residual) to the target itself. From one side only: extrapolate,
+        aiming at AIM of the allowed drop so the probe lands on the passing side.
+        """
+        a, b = self.points.get(lo), self.points.get(hi)
+        if a is not None and b is not None and self.residual[lo] > self.residual[hi] * 1.0001:
+            p = math.log(a / b) / math.log(self.residual[lo] / self.residual[hi]) if a != b else 1.0
+            ref, aim = hi, THRESHOLD
+        elif self.points:
+            ref = min(self.points, key=lambda k: abs(math.log(self.points[k] / AIM)))
+            p, aim = self._exponent(), AIM
+        else:
+            return None
+        p = min(3.0, max(0.5, p))
+        wanted = self.residual[ref] * (aim / self.points[ref]) ** (1.0 / p)
+        neg = [-r for r in self.residual]  # residual is non-increasing in k
+        return bisect.bisect_left(neg, -wanted)
+
+    def _exponent(self) -> float:
+        """drop ~ error^p across the probes so far; DEFAULT_P until two probes differ in residual."""
+        known = sorted(self.points)
+        a, b = known[0], known[-1]
+        ra, rb = self.residual[a], self.residual[b]
+        if len(known) < 2 or ra <= rb * 1.0001 or self.points[a] == self.points[b]:
+            return DEFAULT_P
+        return math.log(self.points[a] / self.points[b]) / math.log(ra / rb)
+
+
+class PrecisionSearch:
+    """Runs the steps in the module docstring; `test` gets the FP32 set (item indices).
+
+    Bounds are the caller's: its `test` raises SearchStopped, and the outcome
+    keeps the best FP32 set confirmed before that. `costs` weigh the order
+    (default: all equal); `extra_probes` is the slack over ceil(log2 N) the
+    cut may spend on calibrated guesses.
+    """
+
+    def __init__(self, scores: Sequence[float], test: Callable[[frozenset[int]], Probe | bool], *,
+                 costs: Sequence[float] | None = None, thorough: bool = False, all_low_failed: bool = False,
+                 all_low_drop: float | None = None, extra_probes: int = 1) -> None:
+        self.scores = list(scores)
+        self.costs = list(costs) if costs is not None else [1.0] * len(self.scores)
+        self._test = test
+        self.thorough = thorough
+        self.all_low_failed = all_low_failed
+        self.order, self.gap = search_order(self.scores, self.costs)
+        self.model = _ErrorModel([self.scores[i] for i in self.order])
+        self.model.observe(0, all_low_drop)
+        self.budget = math.ceil(math.log2(max(2, len(self.scores)))) + extra_probes
+        self.count = 0
+        self.best: frozenset[int] | None = None
+        self.notes: list[str] = []
+        self.tested: dict[int, bool] = {}
+
+    # --- tests ------------------------------------------------------------------------------------------------
+    def test(self, fp32: frozenset[int]) -> Probe:
+        self.count += 1
+        probe = self._test(fp32)
+        if isinstance(probe, bool):
+            probe = Probe(probe)
+        if probe.passed and (self.best is None or self._cost(fp32) < self._cost(self.best)):
+            self.best = fp32
+        return probe
+
+    def _prefix(self, k: int) -> frozenset[int]:
+        return frozenset(self.order[:k])
+
+    def _probe_prefix(self, k: int) -> bool:
+        probe = self.test(self._prefix(k))
+        self.tested[k] = probe.passed
+        self.model.observe(k, probe.drop)
+        return probe.passed
+
+    def _cost(self, items: frozenset[int]) -> tuple[float, int]:
+        return sum(self.costs[i] for i in items), len(items)
+
+    # --- the search -------------------------------------------------------------------------------------------
+    def run(self) -> SearchOutcome:
+        try:
+            trusted = self._run()
+            return SearchOutcome(self.best, self.count, None, self.notes, trusted)
+        except SearchStopped as stop:
+            return SearchOutcome(self.best, self.count, stop.reason, self.notes, False)
+
+    def _run(self) -> bool:
+        n = len(self.scores)
+        if not self.all_low_failed:
+            probe = self.test(frozenset())
+            if probe.passed:
+                self.notes.append("everything eligible passes in the lower precision")
+                return False
+            self.model.observe(0, probe.drop)
+        if n == 0:
+            return False
+        self.tested[0] = False
+        lo, hi, trusted = self._gap_probes(n)
+        if not trusted:
+            lo, hi = self._cut(lo, hi)
+        if not self.tested.get(hi, False):
+            self._probe_prefix(hi)  # every probe failed: the whole prefix, to confirm it
+        if self.thorough and hi > 1:
+            self._prove_necessary(self.order[:hi])
+        elif not trusted and self.tested.get(hi):
+            self._lower_heavy(self.order[:hi])
+        return trusted
+
+    def _lower_heavy(self, fp32: list[int]) -> None:
+        """With probes left within the bound: try lowering, one at a time, the FP32 instances that cost most
+        per unit of error they remove (a heavy op the cut swept in with the ones that matter)."""
+        total = sum(self.costs) or 1.0
+        keep = set(fp32)
+        heavy = sorted((i for i in fp32 if self.costs[i] > HEAVY_COST_SHARE * total),
+                       key=lambda i: -self.costs[i] / max(_finite(self.scores[i]) ** 2, 1e-30))
+        for item in heavy:
+            if self.count - (0 if self.all_low_failed else 1) >= self.budget:
+                break
+            if self.test(frozenset(keep - {item})).passed:
+                keep.discard(item)
+
+    def _gap_probes(self, n: int) -> tuple[int, int, bool]:
+        """With a clear gap g: probe g, then g-1. Returns the bracket (lo fails, hi passes) and whether the
+        gap settled it (the top g all needed)."""
+        g = self.gap
+        if g is None or g >= n:
+            return 0, n, False
+        if not self._probe_prefix(g):
+            return g, n, False
+        if g == 1:
+            return 0, 1, True
+        if not self._probe_prefix(g - 1):
+            self.notes.append(f"the ranking had a clear gap after {g} instances; they stay in FP32"
+                              + ("" if self.thorough else " (--thorough proves each one necessary)"))
+            return g - 1, g, not self.thorough
+        return 0, g - 1, False
+
+    def _cut(self, lo: int, hi: int) -> tuple[int, int]:
+        """Shrink the bracket (prefix lo fails, prefix hi passes) to adjacent lengths, or until the undecided
+        instances cost too little to matter."""
+        total = sum(self.costs) or 1.0
+        while hi - lo > 1:
+            undecided = sum(self.costs[i] for i in self.order[lo:hi])
+            if self.tested.get(hi) and undecided <= STOP_COST_SHARE * total:
+                self.notes.append(f"stopped refining the cut: the {hi - lo - 1} undecided instances hold under "
+                                  f"{STOP_COST_SHARE:.0%} of the candidates' cost; they stay in FP32")
+                break
+            m = self._next_probe(lo, hi)
+            if self._probe_prefix(m):
+                hi = m
+            else:
+                lo = m
+        return lo, hi
+
+    def _next_probe(self, lo: int, hi: int) -> int:
+        """The calibrated guess, clamped so the bracket shrinks at least as fast as the probes left require."""
+        left = max(1, self.budget - self.count + (0 if self.all_low_failed else 1))
+        need = math.ceil(math.log2(hi - lo))
+        mid = (lo + hi) // 2
+        if left < need:  # the bound is already lost (a bound of the caller, a noisy metric): bisect
+            return mid
+        reach = 2 ** (left - 1)
+        low_end, high_end = max(lo + 1, hi - reach), min(hi - 1, lo + reach)
+        guess = self.model.guess(lo, hi)
+        if guess is None or low_end > high_end:
+            return mid
+        return min(high_end, max(low_end, guess))
+
+    def _prove_necessary(self, prefix: list[int]) -> None:
+        """Group testing over the FP32 prefix, everything else lowered: which of them are really needed."""
+        good = set(self.order) - set(prefix)
+        bad: set[int] = set()
+        queue = list(reversed(prefix))  # least suspicious first
+        known_positive = True
+        d = 1
+
+        def lowered(extra: list[int]) -> frozenset[int]:
+            down = good | set(extra)
+            return frozenset(i for i in self.order if i not in down)
+
+        while queue:
+            if not known_positive:
+                if self.test(lowered(queue)).passed:
+                    good.update(queue)
+                    break
+            m = len(queue)
+            if m == 1:
+                bad.add(queue.pop())
+                known_positive = False
+                continue
+            size = min(m, 2 ** max(0, int(math.floor(math.log2(max(1.0, (m - d + 1) / d))))))
+            group = queue[:size]
+            if size < m and self.test(lowered(group)).passed:
+                good.update(group)
+                del queue[:size]
+                continue
+            while len(group) > 1:  # `group` holds a needed instance: binary search for it
+                half = group[: len(group) // 2]
+                if self.test(lowered(half)).passed:
+                    good.update(half)
+                    group = group[len(group) // 2:]
+                else:
+                    group = half
+            bad.add(group[0])
+            queue = [i for i in queue if i != group[0] and i not in good]
+            known_positive = False
+        if self.best is None or self._cost(frozenset(bad)) <= self._cost(self.best):
+            self.best = frozenset(bad)

@@ -1,0 +1,174 @@
+"""journal.jsonl: one line per finished evaluation, so `--resume` never repeats one.
+
+The first line is a header holding the run's fingerprint: the user's files,
+the FP32 weights, the settings and the versions. `--resume` refuses a journal
+whose fingerprint differs and says which part changed. Each line is flushed
+and fsynced as soon as its evaluation ends; a torn last line (the process was
+killed mid-write) is dropped, and a journal torn inside its header (nothing
+after it was ever written) starts over.
+
+Inputs recorded from the model's first forward call (a model file without
+`example_inputs()`) are kept beside it in `journal-inputs.safetensors`, so a
+resumed run does not evaluate again just to record them.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tuner.core.errors import ConfigError
+from tuner.core.fileio import atomic_write
+from tuner.core.inputs import ModelInputs
+from tuner.core.version import __version__
+
+JOURNAL_NAME = "journal.jsonl"
+INPUTS_NAME = "journal-inputs.safetensors"
+JOURNAL_FORMAT = 2
+# The inputs file's metadata, as JSON: every argument's name in call order, and the non-tensor ones' values.
+_NAMES_KEY, _VALUES_KEY = "names", "values"
+
+
+def versions() -> dict[str, str]:
+    return {"mpt": __version__, "torch": torch.__version__.split("+")[0]}
+
+
+@dataclass(frozen=True)
+class RunFingerprint:
+    """What a journal's evaluations were measured on."""
+
+    source: str  # tuner.core.fingerprint.source_digest of the user's files
+    weights: str  # tuner.core.fingerprint.weights_digest of the FP32 model as built
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    versions: Mapping[str, str] = field(default_factory=versions)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "weights": self.weights, "settings": dict(self.settings),
+                "versions": dict(self.versions)}
+
+    def differences(self, old: Mapping[str, Any]) -> list[str]:
+        """What changed since `old` (a header's fingerprint), one phrase per part."""
+        found = []
+        if old.get("source") != self.source:
+            found.append("the model file's content changed")
+        if old.get("weights") != self.weights:
+            found.append("the FP32 weights build_model() returns changed")
+        settings = old.get("settings") or {}
+        for key in sorted(set(settings) | set(self.settings)):
+            if settings.get(key) != self.settings.get(key):
+                found.append(f"setting {key}: {settings.get(key)!r} then, {self.settings.get(key)!r} now")
+        vers = old.get("versions") or {}
+        for key in sorted(set(vers) | set(self.versions)):
+            if vers.get(key) != self.versions.get(key):
+                found.append(f"{key} version: {vers.get(key)} then, {self.versions.get(key)} now")
+        return found
+
+
+def _number_or_none(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _well_formed(record: Any, *, first: bool) -> bool:
+    """A header (first line) or an eval record with the fields the session reads back."""
+    if not isinstance(record, dict):
+        return False
+    if first or record.get("kind") == "header":
+        return first and record.get("kind") == "header"
+    return (record.get("kind") == "eval" and isinstance(record.get("key"), str)
+            and _number_or_none(record.get("metric")) and _number_or_none(record.get("seconds"))
+            and record.get("seconds") is not None)
+
+
+class Journal:
+    def __init__(self, path: str | Path, fingerprint: RunFingerprint, *, resume: bool) -> None:
+        self.path = Path(path)
+        self.fingerprint = fingerprint
+        self.entries: dict[str, dict[str, Any]] = {}
+        if not (resume and self.path.is_file() and self._read()):
+            self._start()
+
+    def _start(self) -> None:
+        for stale in (self.path, self.path.with_name(INPUTS_NAME)):
+            stale.unlink(missing_ok=True)
+        self._write_line({"kind": "header", "format": JOURNAL_FORMAT, **self.fingerprint.to_dict()}, mode="w")
+
+    def _read(self) -> bool:
+        """Load the entries; False when there is nothing to resume (empty, or torn inside the header)."""
+        lines = self.path.read_bytes().decode("utf-8", errors="replace").splitlines()
+        records = []
+        for n, line in enumerate(lines):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                if n == len(lines) - 1:
+                    break  # torn last line: that evaluation did not finish
+                record = None
+            if not _well_formed(record, first=n == 0):
+                raise ConfigError(f"line {n + 1} is damaged; cannot resume (use `overwrite` to start over)",
+                                  source=str(self.path))
+            records.append(record)
+        if not records:
+            return False  # torn inside the header: no evaluation was ever recorded
+        header = records[0]
+        if header.get("kind") != "header" or header.get("format") != JOURNAL_FORMAT:
+            raise ConfigError("the journal was written by another version of mpt; cannot resume "
+                              "(use `overwrite` to start over)", source=str(self.path))
+        changed = self.fingerprint.differences(header)
+        if changed:
+            raise ConfigError("cannot resume: " + "; ".join(changed) + " since the journal was written "
+                              "(use `overwrite` to start over)", source=str(self.path))
+        self.entries = {r["key"]: r for r in records[1:] if r.get("kind") == "eval" and "key" in r}
+        if len(records) != len(lines):  # drop the torn line so appends stay valid JSONL
+            atomic_write(self.path, lambda tmp: Path(tmp).write_text(
+                "".join(json.dumps(r, default=str) + "\n" for r in records), encoding="utf-8"))
+        return True
+
+    def _write_line(self, record: dict[str, Any], *, mode: str = "a") -> None:
+        with open(self.path, mode, encoding="utf-8") as fh:
+            fh.write(json.dumps(record, default=str) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        return self.entries.get(key)
+
+    def append(self, key: str, record: dict[str, Any]) -> None:
+        rec = {"kind": "eval", "key": key, **record}
+        self.entries[key] = rec
+        self._write_line(rec)
+
+    # --- inputs recorded from the first forward call ------------------------------------------------------
+    def save_inputs(self, inputs: ModelInputs | tuple) -> bool:
+        """Keep recorded inputs (positional and keyword); False when an argument is neither a tensor nor a
+        JSON scalar (None, bool, int, float, str), since safetensors holds tensors only."""
+        from safetensors.torch import save_file
+
+        named = ModelInputs.of(inputs).named()
+        values = {n: v for n, v in named if not isinstance(v, torch.Tensor)}
+        if not all(v is None or isinstance(v, (bool, int, float, str)) for v in values.values()):
+            return False
+        tensors = {n: v.detach().contiguous().cpu() for n, v in named if isinstance(v, torch.Tensor)}
+        meta = {_NAMES_KEY: json.dumps([n for n, _ in named]), _VALUES_KEY: json.dumps(values)}
+        atomic_write(self.path.with_name(INPUTS_NAME), lambda tmp: save_file(tensors, tmp, metadata=meta))
+        return True
+
+    def load_inputs(self) -> ModelInputs | None:
+        """The inputs save_inputs kept; None when there are none or the file is unreadable (record again)."""
+        from safetensors import safe_open
+
+        path = self.path.with_name(INPUTS_NAME)
+        if not path.is_file():
+            return None
+        try:
+            with safe_open(str(path), framework="pt") as fh:
+                meta = fh.metadata() or {}
+                names, values = json.loads(meta[_NAMES_KEY]), json.loads(meta[_VALUES_KEY])
+                found = {name: fh.get_tensor(name) for name in fh.keys()} | values
+            return ModelInputs.from_flat({name: found[name] for name in names})  # safetensors sorts its keys
+        except Exception:  # noqa: BLE001 - unreadable: record the inputs again
+            return None

@@ -1,0 +1,56 @@
+"""Every evaluation sees the FP32 model as the user built it, whatever the previous `evaluate` did.
+
+No spare copy is held: after user code ran on the model, `ModelKeeper.restore`
+compares the model with how it was built (`fingerprint.ModelState`: object
+identities, version counters and flags, plus a sha256 of the weights) and, only
+when something changed, drops it and calls `build()` again. The cost is one
+pass over the weights per evaluation (about 1-2 GB/s) and, for an `evaluate`
+that trains, folds or rebinds the model, one `build()` per evaluation.
+"""
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from tuner.core.errors import UserCodeError
+from tuner.core.fingerprint import ModelState
+
+
+class ModelKeeper:
+    """Owns the working model; `model` is always the as-built FP32 model between evaluations."""
+
+    def __init__(self, build: Callable[[], nn.Module], device: str | torch.device = "cpu") -> None:
+        self._build = build
+        self.device = torch.device(device)
+        self.model: nn.Module = self._fresh()
+        self._as_built = ModelState.capture(self.model)
+        self.rebuilds = 0
+
+    @property
+    def weights_digest(self) -> str:
+        return self._as_built.weights
+
+    def _fresh(self) -> nn.Module:
+        return self._build().to(self.device).eval()
+
+    def changed(self) -> bool:
+        return ModelState.capture(self.model) != self._as_built
+
+    def restore(self) -> bool:
+        """Rebuild the model if user code changed it; True when it did."""
+        if not self.changed():
+            return False
+        self.model = None  # type: ignore[assignment]  # free the changed model before building a new one
+        gc.collect()
+        model = self._fresh()
+        state = ModelState.capture(model)
+        if state.weights != self._as_built.weights:
+            raise UserCodeError("evaluate changed the model, and building it again gave other weights: "
+                                "build_model() must return the same weights on every call (seed its random "
+                                "initialisation or load saved weights) so every trial starts from the same model")
+        self.model, self._as_built = model, state
+        self.rebuilds += 1
+        return True

@@ -126,7 +126,7 @@ def tune_cmd(model_file: str | None, dtype: str, preset: str | None, tolerance: 
     and confirms the FP32 fallbacks with as few full evaluations as it can.
     Every reported plan was confirmed by a full evaluation.
 
-    Under torchrun every rank runs this and rank 0 decides, reports and writes (tuner.search.distributed).
+    Under torchrun every rank runs this and rank 0 decides, reports and writes (README: torchrun).
     """
     started = time.monotonic()  # --time-budget counts from here
     # within a second, before torch is imported; under torchrun only rank 0 (by its environment) reports

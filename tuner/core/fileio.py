@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
+def atomic_write(path: str | Path, write: Callable[[str], object]) -> None:
     """Call `write(tmp_path)`, then rename onto `path`; on failure nothing is left behind."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

@@ -204,10 +204,10 @@ class Ranks:
         if done:
             return value
         cls, args, state = value
-        exc = cls.__new__(cls)  # not cls(*args): an exception's args need not be its constructor's
-        exc.args = args
-        exc.__dict__.update(state)
-        raise exc
+        error = cls.__new__(cls)  # not cls(*args): an exception's args need not be its constructor's
+        error.args = args
+        error.__dict__.update(state)
+        raise error
 
     def agree(self, metric: float, what: str = "evaluate") -> float:
         """The metric every rank got, which must be the same: rank 0's value, the all-reduced one."""

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tuner.core.errors import ConfigError
+from tuner.core.fingerprint import source_digest, structure_digest, weights_digest
+from tuner.core.loader import DEFAULT_BUILD
 from tuner.policy.plan import ModelRef
 
 if TYPE_CHECKING:
@@ -69,8 +71,6 @@ def model_ref_for(user: UserModel, out: Path, *, build: str | None, eval: str | 
 
     A builder picked as MODEL.py:NAME is recorded as `build: NAME`.
     """
-    from tuner.core.loader import DEFAULT_BUILD
-
     out, model_path = Path(out), Path(user.path)
     given = {"build": build, "eval": eval, "inputs": inputs}
     specs = {role: _relative_spec(spec, model_path, out) for role, spec in given.items()}
@@ -79,11 +79,10 @@ def model_ref_for(user: UserModel, out: Path, *, build: str | None, eval: str | 
         specs["build"] = name if name != DEFAULT_BUILD and name.isidentifier() else None
     digests: dict[str, str] = {}
     if model is not None:
-        from tuner.core.fingerprint import source_digest, structure_digest, weights_digest
-
         digests = {"structure": structure_digest(model), "weights": weights or weights_digest(model),
                    "source": source_digest(user.files or (model_path,))}
-    return ModelRef(file=_relative_to(model_path, out), **specs, **digests)
+    return ModelRef(file=_relative_to(model_path, out), build=specs["build"], eval=specs["eval"],
+                    inputs=specs["inputs"], **digests)
 
 
 def resolve_model_ref(ref: ModelRef, plan_dir: Path, *,

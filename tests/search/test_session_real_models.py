@@ -9,7 +9,6 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -17,13 +16,13 @@ from torch.nn import functional as F
 import tuner
 from tests.engine.test_probe import AutocastAllergic
 from tuner.core.inputs import ModelInputs
-from tuner.workspace.journal import Journal, RunFingerprint
 from tuner.policy.plan import OpInstance
 from tuner.policy.presets import load_preset
 from tuner.search.candidates import Candidates, find_candidates
 from tuner.search.plans import no_op_overrides, plan_for
 from tuner.search.session import tune
 from tuner.search.types import TuneOptions
+from tuner.workspace.journal import Journal, RunFingerprint
 
 ROOT = Path(__file__).resolve().parents[2]
 

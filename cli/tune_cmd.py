@@ -64,33 +64,50 @@ class _Renderer:
             return
         from tuner.search.types import EventKind
 
+        data = event.payload
         if event.kind is EventKind.EVALUATING:
             if self.tty:
-                self.working(f"trial {event.done}: evaluating {event.message} ...")
+                self.working(f"trial {data.n}: evaluating {data.label} ...")
             return
         if event.kind is EventKind.RANK:
-            if not self.tty and event.done == 1:
-                how = ("one shadowed forward pass + backward probes" if event.message == "gradient"
-                       else "one forward pass per op instance")
-                self.out.print(f"ranking op instances on example inputs ({event.message}: {how})", markup=False)
-            if self.tty:
-                if self.progress is None:
-                    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-                    self.stop()
-                    self.progress = Progress(TextColumn("ranking op instances"), BarColumn(), MofNCompleteColumn(),
-                                             console=self.out, transient=True)
-                    self.progress.start()
-                    self.task = self.progress.add_task("rank", total=event.total)
-                self.progress.update(self.task, completed=event.done)
+            self.ranking(data)
             return
         self.stop()
-        if event.kind in (EventKind.BASELINE, EventKind.CANDIDATES):
-            self.out.print(event.message, markup=False)
-            if event.kind is EventKind.BASELINE and self.tty:
+        if event.kind is EventKind.BASELINE:
+            self.out.print(self.baseline_line(data), markup=False)
+            if self.tty:
                 self.working("finding the op instances that run in lower precision ...")
+        elif event.kind is EventKind.CANDIDATES:
+            self.out.print(f"{data.count} op instances run in {data.dtype} under {data.preset} and change the "
+                           f"numbers; all-{data.dtype} output error {data.all_low_error:.2e}", markup=False)
         elif event.kind is EventKind.TRIAL:
-            self.trial(event.trial)
+            self.trial(data)
+
+    @staticmethod
+    def baseline_line(b: Any) -> str:
+        """`baseline 0.9521; target >= 0.942579`, with the noise margin when evaluate is not deterministic."""
+        relation = "<=" if b.lower_is_better else ">="
+        noise = f" (noise ±{b.spread:.3g}: a trial must clear the target by more)" if b.noisy else ""
+        return f"baseline {b.value:.6g}{noise}; target {relation} {b.target:.6g}"
+
+    def ranking(self, progress: Any) -> None:
+        """The method once when piped; a progress bar on a terminal."""
+        from tuner.search.types import RankMethod
+
+        if not self.tty and progress.done == 1:
+            how = ("one shadowed forward pass + backward probes" if progress.method is RankMethod.GRADIENT
+                   else "one forward pass per op instance")
+            self.out.print(f"ranking op instances on example inputs ({progress.method.value}: {how})", markup=False)
+        if self.tty:
+            if self.progress is None:
+                from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+                self.stop()
+                self.progress = Progress(TextColumn("ranking op instances"), BarColumn(), MofNCompleteColumn(),
+                                         console=self.out, transient=True)
+                self.progress.start()
+                self.task = self.progress.add_task("rank", total=progress.total)
+            self.progress.update(self.task, completed=progress.done)
 
     def trial(self, t: Any) -> None:
         from tuner.report.writer import fmt_metric

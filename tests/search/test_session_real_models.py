@@ -9,7 +9,6 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -17,11 +16,13 @@ from torch.nn import functional as F
 import tuner
 from tests.engine.test_probe import AutocastAllergic
 from tuner.core.inputs import ModelInputs
-from tuner.workspace.journal import Journal, RunFingerprint
 from tuner.policy.plan import OpInstance
-from tuner.search.session import TuneSession
-from tuner.search.types import TuneOptions
+from tuner.policy.presets import load_preset
+from tuner.search.candidates import Candidates, find_candidates
+from tuner.search.plans import no_op_overrides, plan_for
 from tuner.search.session import tune
+from tuner.search.types import TuneOptions
+from tuner.workspace.journal import Journal, RunFingerprint
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,10 +81,13 @@ def test_keyword_inputs_recorded_without_example_inputs(tmp_path):
     assert kept is not None and torch.equal(kept.kwargs["input_ids"], data["input_ids"])
 
 
+def candidates_of(model: nn.Module, inputs: object) -> Candidates:
+    return find_candidates(model, ModelInputs.of(inputs), load_preset("torch-cpu"), torch.bfloat16, {})
+
+
 def test_neutral_ops_are_never_candidates():
-    session = TuneSession(build_kwargs, lambda m: 1.0, kwargs_inputs, TuneOptions())
-    session.find_candidates()
-    ops = {c.op for c in session.candidates}
+    found = candidates_of(build_kwargs(), kwargs_inputs())
+    ops = {c.op for c in found.instances}
     assert ops and ops <= {"linear", "mul", "tanh"}, ops
     assert not ops & {"transpose", "contiguous", "reshape", "dropout", "embedding"}
 
@@ -103,16 +107,20 @@ class Chain(nn.Module):
 def test_overrides_that_change_nothing_are_dropped():
     torch.manual_seed(0)
     x = torch.randn(8, 32)
-    session = TuneSession(lambda: Chain().eval(), lambda m: 1.0, (x,), TuneOptions())
-    session.find_candidates()
-    by_op = {c.op: c for c in session.candidates}
+    model = Chain().eval()
+    found = candidates_of(model, (x,))
+    by_op = {c.op: c for c in found.instances}
     assert {"linear", "mul"} <= set(by_op)
     a = OpInstance("a", "linear", 0)
     mul = by_op["mul"]
+
+    def idle(*fp32: OpInstance) -> set[OpInstance]:
+        return no_op_overrides(model, found.inputs, plan_for(TuneOptions(), {}, fp32), load_preset("torch-cpu"))
+
     # with `a` in FP32 the mul gets only FP32 inputs: an override on it changes nothing
-    assert session._no_op_overrides((a, mul)) == {mul}
+    assert idle(a, mul) == {mul}
     # alone, the mul's inputs are bf16: its override matters
-    assert session._no_op_overrides((mul,)) == set()
+    assert idle(mul) == set()
 
 
 class WithAllergic(nn.Module):

@@ -1,61 +1,52 @@
-"""One tune, as an object whose methods are its phases.
+"""One tune, as a short sequence of phases that hand values along.
 
     baseline -> candidates -> all-low trial -> ranking -> search -> result
 
-`TuneSession._evaluate` is the one place that runs `evaluate`: it checks the
-bounds (evaluations, time from the start of the command), reads and writes
-the journal, counts, reports the trial and hands the model back as built
-(`isolation.ModelKeeper`). A bound or an interrupt (Ctrl-C, SIGTERM) ends the
-search and the result keeps the best plan confirmed so far. Every trial runs
-the model with its plan attached as `tuner.load` attaches it, so the plan the
-search approves is the one that is deployed.
+`Evaluator` (tuner.search.evaluator) is the one place that runs `evaluate`: it checks the bounds (evaluations,
+time from the start of the command), reads and writes the journal, counts and reports the trials. Every use
+of the model borrows it from the `ModelKeeper`, which hands it back as built. A bound or an interrupt (Ctrl-C,
+SIGTERM) ends the search and the result keeps the best plan confirmed so far.
 """
 from __future__ import annotations
 
 import copy
 import math
-import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import torch
 from torch import nn
 
-from tuner.core.dtypes import LOWER_DTYPES, parse_dtype, short_name
+from tuner.core.dtypes import parse_dtype
 from tuner.core.errors import ConfigError, Interrupted, UserCodeError
 from tuner.core.inputs import ModelInputs
-from tuner.core.loader import call_forward
-from tuner.engine.attach import attach, autocast, detach
-from tuner.engine.function_mode import Decision, PrecisionEngine
 from tuner.engine.probe import autocast_failures
-from tuner.measure.flops import first_tensor, op_flops
-from tuner.measure.inspection import relative_error
 from tuner.measure.ranking import rank_exact, rank_gradient
-from tuner.measure.shares import ShareCounter, Shares
-from tuner.policy.opnames import is_neutral
-from tuner.policy.plan import OpInstance, Plan
+from tuner.policy.plan import OpInstance
 from tuner.policy.presets import load_preset
-from tuner.policy.rules import Rule
+from tuner.search.candidates import Candidates, find_candidates
 from tuner.search.distributed import Ranks, SharedJournal
+from tuner.search.evaluator import Bounds, Evaluator
 from tuner.search.noise import Acceptance, Baseline, measure_baseline
+from tuner.search.plans import no_op_overrides, plan_for
 from tuner.search.strategy import PrecisionSearch, Probe, SearchStopped
-from tuner.search.types import EventKind, RankMethod, StopReason, Trial, TuneEvent, TuneOptions, TuneResult, TuneStatus
+from tuner.search.trials import SearchTrials, best_trial
+from tuner.search.types import (
+    BaselineMeasured,
+    CandidatesFound,
+    EventKind,
+    RankMethod,
+    RankProgress,
+    StopReason,
+    TuneEvent,
+    TuneOptions,
+    TuneResult,
+    TuneStatus,
+)
 from tuner.workspace.journal import Journal
 from tuner.workspace.keeper import ModelKeeper
 
-BASELINE_KEY = "baseline#{n}"
-_LOWER_NAMES = frozenset(short_name(d) for d in LOWER_DTYPES)
-
-
-def _trial_key(fp32: frozenset[OpInstance]) -> str:
-    return "fp32=" + ",".join(sorted(i.label() for i in fp32))
-
-
-def _to_float(value: Any) -> float:
-    if isinstance(value, torch.Tensor):
-        return float(value.detach().cpu().item())
-    return float(value)
+Scores = Mapping[OpInstance, float]
 
 
 class _InputRecorder:
@@ -71,10 +62,6 @@ class _InputRecorder:
         self.handle.remove()
 
 
-# Rules under which an op runs in its inputs' precision: with FP32 inputs an FP32 override changes nothing.
-_FROM_INPUTS = frozenset({Rule.PASSTHROUGH, Rule.FIRST_INPUT, Rule.PROMOTE})
-
-
 class TuneSession:
     def __init__(self, build: Callable[[], nn.Module], evaluate: Callable[[nn.Module], Any],
                  example_inputs: Callable[[], tuple] | tuple | None, options: TuneOptions, *,
@@ -84,77 +71,70 @@ class TuneSession:
         self.options = options
         self.dtype = parse_dtype(options.dtype)
         self.policy = load_preset(options.preset)  # type: ignore[arg-type]
-        self.evaluate_fn = evaluate
         self.inputs_source = example_inputs
-        self.journal = journal
+        self.journal = journal  # here for the recorded inputs; the evaluator keeps the trials in it
         self.ranks = ranks or Ranks()  # under torchrun: rank 0 decides, the others follow (tuner.search.distributed)
         self.emit = (on_event if self.ranks.is_main else None) or (lambda e: None)  # only rank 0 reports
         self.started = time.monotonic() if started is None else started
         t0 = time.monotonic()
         self.keeper = keeper or ModelKeeper(build, options.device)
         self.user_seconds = time.monotonic() - t0 if keeper is None else 0.0
-        self.trials: list[Trial] = []
-        self.evals = 0
-        self.eval_seconds = 0.0
-        self.stopped: StopReason | None = None
+        self.evaluator = Evaluator(evaluate, self.keeper, Bounds(self.started, options.max_evals, options.time_budget),
+                                   journal=journal, ranks=self.ranks, emit=self.emit)
         self.notes: list[str] = []
         self.warnings: list[str] = []
-        self.base: Baseline | None = None
-        self.accept: Acceptance | None = None
-        self.inputs: ModelInputs | None = None
-        self.candidates: list[OpInstance] = []
-        self.costs: dict[OpInstance, float] = {}
-        self.cand_flops: dict[OpInstance, int] = {}  # matmul/conv FLOPs of each candidate (tuner.measure.flops)
-        self.all_low = Shares()  # the forward under the preset with every candidate lowered (find_candidates)
-        self.scores: dict[OpInstance, float] = {}
-        self.fp32_modules: dict[str, str] = {}  # modules torch.autocast cannot run here -> why
-        self._memo: dict[frozenset[int], Probe] = {}
-        self._recorder: _InputRecorder | None = None
-        self._search_best: frozenset[int] | None = None
 
     # --- the phases ------------------------------------------------------------------------------------------
     def run(self) -> TuneResult:
-        self.measure_baseline()
+        base, accept, inputs = self.measure_baseline()
+        found: Candidates | None = None
+        scores: Scores = {}
+        chosen: frozenset[OpInstance] | None = None
+        stopped: StopReason | None = None
         try:
-            self.find_candidates()
-            self.search()
+            inputs = self.example_inputs(inputs)
+            found = self.find_candidates(inputs)
+            trials = SearchTrials(self.evaluator, found, base, accept, self.options)
+            first = trials.probe(frozenset(), scores)
+            if first.passed:
+                chosen = frozenset()
+                self.notes.append("everything eligible passes in the lower precision")
+            elif found.instances:
+                scores = self.rank(found)
+                chosen, stopped = self.search(found, scores, trials, first)
         except SearchStopped as stop:
-            self.stopped = stop.reason  # type: ignore[assignment]
+            stopped = stop.reason  # type: ignore[assignment]
         except (KeyboardInterrupt, Interrupted):
-            self.stopped = StopReason.INTERRUPTED
-        if self.stopped is not None:
-            self.keeper.restore()  # an interrupted evaluate may have left the model changed
-        return self.result()
+            stopped = StopReason.INTERRUPTED
+        return self.result(base, accept, inputs, found, scores, chosen, stopped)
 
-    def measure_baseline(self) -> None:
-        """The FP32 metric, evaluated twice to learn whether `evaluate` is deterministic (tuner.search.noise)."""
-        if self.inputs_source is None:
-            self.inputs = self.journal.load_inputs() if self.journal else None
-            if self.inputs is None:
-                self._recorder = _InputRecorder(self.keeper.model)
-        base = measure_baseline(self._baseline_sample)
-        if self._recorder is not None:  # every sample came from the journal and the inputs were not kept
-            base = Baseline(base.samples + (self._baseline_sample(),))
-        self.base = base
-        target = self.options.target(base.value)
-        self.accept = Acceptance(target, base.spread, self.options.lower_is_better)
+    def measure_baseline(self) -> tuple[Baseline, Acceptance, ModelInputs | None]:
+        """The FP32 metric, evaluated twice to learn whether `evaluate` is deterministic (tuner.search.noise).
+
+        Without example_inputs() the inputs come from the journal of an earlier run, else they are recorded
+        from evaluate's first forward call (and kept in the journal for --resume)."""
+        inputs = self.journal.load_inputs() if self.journal and self.inputs_source is None else None
+        recorder = _InputRecorder(self.keeper.model) if self.inputs_source is None and inputs is None else None
+
+        def sample() -> float:
+            nonlocal inputs, recorder
+            trial = self.evaluator.baseline()
+            if recorder is not None and recorder.inputs is not None:
+                inputs, recorder = recorder.inputs, None
+                if self.journal and not self.journal.save_inputs(inputs):
+                    self.notes.append("the recorded inputs are not all tensors, so they are not kept for --resume")
+            if trial.metric is None:  # pragma: no cover - the evaluator raises for a failed baseline
+                raise UserCodeError("evaluate gave no metric for the FP32 model")
+            return trial.metric
+
+        base = measure_baseline(sample)
+        if recorder is not None:  # every sample came from the journal and the inputs were not kept
+            base = Baseline(base.samples + (sample(),))
+        accept = Acceptance(self.options.target(base.value), base.spread, self.options.lower_is_better)
         self._note_noise(base)
-        relation = "<=" if self.options.lower_is_better else ">="
-        noise = f" (noise ±{base.spread:.3g}: a trial must clear the target by more)" if base.noisy else ""
-        self.emit(TuneEvent(EventKind.BASELINE, f"baseline {base.value:.6g}{noise}; target {relation} {target:.6g}",
-                            trial=self.trials[-1]))
-
-    def _baseline_sample(self) -> float:
-        n = sum(t.baseline for t in self.trials) + 1
-        trial = self._evaluate(BASELINE_KEY.format(n=n), f"FP32 baseline run {n}", frozenset(), baseline=True)
-        rec = self._recorder
-        if rec is not None and rec.inputs is not None:
-            self.inputs, self._recorder = rec.inputs, None
-            if self.journal and not self.journal.save_inputs(self.inputs):
-                self.notes.append("the recorded inputs are not all tensors, so they are not kept for --resume")
-        if trial.metric is None:  # pragma: no cover - _evaluate raises for a failed baseline
-            raise UserCodeError("evaluate gave no metric for the FP32 model")
-        return trial.metric
+        self.emit(TuneEvent(EventKind.BASELINE, BaselineMeasured(base.value, base.spread, accept.target,
+                                                                 self.options.lower_is_better)))
+        return base, accept, inputs
 
     def _note_noise(self, base: Baseline) -> None:
         if not base.noisy:
@@ -166,281 +146,109 @@ class TuneSession:
                                  f"({self.options.slack(base.value):.3g}): no plan can be confirmed; make "
                                  "evaluate deterministic (fixed seeds, no dropout) or raise the tolerance")
 
-    def find_candidates(self) -> None:
-        """Op instances whose precision changes the numbers, from one recorded forward under the preset.
-
-        Not candidates: calls the policy cannot choose for (in-place, explicit dtype=), calls that run in
-        FP32 anyway, numerically neutral ops (views, copies, eval-mode dropout: `opnames.is_neutral`), and
-        calls inside modules that torch.autocast cannot run on this machine (they stay FP32, see
-        `deploy.autocast_failures`).
-        """
-        inputs = self._example_inputs()
-        model = self.keeper.model
-        self.fp32_modules = autocast_failures(model, inputs, self._plan(frozenset()))
-        self.keeper.restore()
-        for path, why in self.fp32_modules.items():
-            self.notes.append(f"module {path or '(root)'} stays FP32: torch.autocast cannot run it in "
-                              f"{self.options.dtype} on this machine ({why})")
-        counter = ShareCounter()
-
-        def record(d: Decision, func: Any, args: tuple, kwargs: dict, out: Any, *raw: Any) -> None:
-            counter.add(d, args, kwargs, out)
-            # a neutral op that casts (a lower-list op rounding an FP32 input) does change the numbers
-            if d.compute in _LOWER_NAMES and not d.forced and (d.casts > 0 or not is_neutral(d.op, args, kwargs)):
-                y = first_tensor(out)
-                cand = OpInstance(d.module, d.op, d.index)
-                self.cand_flops[cand] = op_flops(d.op, args, kwargs, out)
-                self.costs[cand] = float(self.cand_flops[cand] + (y.numel() if y is not None else 0))
-
-        with torch.no_grad():
-            self.ref_out = call_forward(model, inputs)
-            with PrecisionEngine(self.policy, self.dtype, root=model, recorder=record,
-                                 module_overrides={p: torch.float32 for p in self.fp32_modules}):
-                low_out = call_forward(model, inputs)
-        self.candidates = list(self.costs)
-        self.all_low = counter.shares
-        self.emit(TuneEvent(EventKind.CANDIDATES,
-                            f"{len(self.candidates)} op instances run in {self.options.dtype} under "
-                            f"{self.options.preset} and change the numbers; all-{self.options.dtype} output error "
-                            f"{relative_error(low_out, self.ref_out) or 0:.2e}", total=len(self.candidates)))
-
-    def _example_inputs(self) -> ModelInputs:
+    def example_inputs(self, recorded: ModelInputs | None) -> ModelInputs:
+        """The inputs of the recorded forwards, on the tune's device: example_inputs() when the user gave it,
+        else the inputs recorded (or kept) by the baseline."""
         source = self.inputs_source
+        inputs: Any
         if callable(source):
             t0 = time.monotonic()
             inputs = source()
             self.user_seconds += time.monotonic() - t0
         elif source is not None:
             inputs = source
-        elif self.inputs is not None:
-            inputs = self.inputs
+        elif recorded is not None:
+            inputs = recorded
         else:
             raise ConfigError("there is no example_inputs() and evaluate never called the model; "
                               "cannot find the op instances to tune")
-        self.inputs = ModelInputs.of(inputs).to(self.keeper.device)
-        return self.inputs
+        return ModelInputs.of(inputs).to(self.keeper.device)
 
-    def search(self) -> None:
-        """The all-low trial; when it fails, rank the candidates and let PrecisionSearch pick the FP32 units.
+    def find_candidates(self, inputs: ModelInputs) -> Candidates:
+        """The op instances to decide about (tuner.search.candidates), after the modules that must stay FP32."""
+        with self.keeper.borrowed() as model:
+            fp32_modules = autocast_failures(model, inputs, plan_for(self.options, {}, ()))
+        for path, why in fp32_modules.items():
+            self.notes.append(f"module {path or '(root)'} stays FP32: torch.autocast cannot run it in "
+                              f"{self.options.dtype} on this machine ({why})")
+        with self.keeper.borrowed() as model:
+            found = find_candidates(model, inputs, self.policy, self.dtype, fp32_modules)
+        self.emit(TuneEvent(EventKind.CANDIDATES, CandidatesFound(len(found), self.options.dtype,
+                                                                  str(self.options.preset), found.all_low_error)))
+        return found
 
-        The search decides per module, not per call: a unit is every candidate one module's own code calls,
-        which is what a loaded plan can run in FP32 without Python per op (`tuner.engine.native`).
-        """
-        first = self._trial(frozenset())
-        if first.passed:
-            self._search_best = frozenset()
-            self.notes.append("everything eligible passes in the lower precision")
-            return
-        if not self.candidates:
-            return
-        self.rank()
-        units = self.units()
-        search = PrecisionSearch([math.sqrt(sum(self.scores[self.candidates[i]] ** 2 for i in u)) for u in units],
-                                 lambda picked: self._trial(frozenset(i for n in picked for i in units[n])),
-                                 costs=[sum(self.costs[self.candidates[i]] for i in u) for u in units],
-                                 thorough=self.options.thorough, all_low_failed=True, all_low_drop=first.drop)
-        outcome = search.run()
-        if outcome.fp32 is not None:
-            self._search_best = frozenset(i for n in outcome.fp32 for i in units[n])
-        self.notes.extend(outcome.notes)
-        if outcome.stopped is not None:
-            self.stopped = outcome.stopped  # type: ignore[assignment]
-
-    def units(self) -> list[tuple[int, ...]]:
-        """Candidate indices grouped by the module that calls them, in the order modules first call one."""
-        groups: dict[str, list[int]] = {}
-        for i, cand in enumerate(self.candidates):
-            groups.setdefault(cand.module, []).append(i)
-        return [tuple(g) for g in groups.values()]
-
-    def rank(self) -> None:
+    def rank(self, found: Candidates) -> dict[OpInstance, float]:
         """Score every candidate by the error it adds to the output, from cheap passes on the example inputs."""
         method = RankMethod(self.options.rank)
 
         def progress(done: int, total: int) -> None:
-            self.emit(TuneEvent(EventKind.RANK, method.value, done=done, total=total))
+            self.emit(TuneEvent(EventKind.RANK, RankProgress(method, done, total)))
 
         scorer = rank_gradient if method is RankMethod.GRADIENT else rank_exact
-        assert self.inputs is not None
-        self.ranks.same([c.label() for c in self.candidates], "op instances to tune")
-        scores = scorer(self.keeper.model, self.inputs, self.policy, self.dtype, self.candidates, self.ref_out,
-                        progress)
-        self.scores.update(self.ranks.broadcast(scores))  # every rank searches in rank 0's order
-        self.keeper.restore()
+        self.ranks.same([c.label() for c in found.instances], "op instances to tune")
+        with self.keeper.borrowed() as model:
+            scores = scorer(model, found.inputs, self.policy, self.dtype, list(found.instances), found.ref_out,
+                            progress)
+            return self.ranks.broadcast(scores)  # every rank searches in rank 0's order
 
-    # --- evaluations -----------------------------------------------------------------------------------------
-    def _trial(self, fp32_idx: frozenset[int]) -> Probe:
-        """One search trial: the candidates in `fp32_idx` stay FP32, the rest run low."""
-        fp32_idx = self.ranks.broadcast(fp32_idx)  # under torchrun every rank tests what rank 0's search asks
-        if fp32_idx in self._memo:  # asked again by the search: already counted and reported
-            return self._memo[fp32_idx]
-        fp32 = frozenset(self.candidates[i] for i in fp32_idx)
-        try:
-            trial = self._evaluate(_trial_key(fp32), self._label(fp32_idx), fp32)
-        except (KeyboardInterrupt, Interrupted):
-            raise SearchStopped(StopReason.INTERRUPTED) from None
-        probe = Probe(trial.passed, self._drop(trial.metric))
-        self._memo[fp32_idx] = probe
-        return probe
-
-    def _drop(self, metric: float | None) -> float:
-        """How far `metric` fell from the baseline, as a share of the drop the target allows (1.0: at it)."""
-        assert self.base is not None and self.accept is not None
-        allowed = abs(self.base.value - self.accept.target)
-        if metric is None or not math.isfinite(metric) or allowed == 0:
-            return math.inf
-        fell = metric - self.base.value if self.options.lower_is_better else self.base.value - metric
-        return fell / allowed
-
-    def _plan(self, fp32: frozenset[OpInstance], **extra: Any) -> Plan:
-        return Plan(dtype=self.options.dtype, preset=self.options.preset,  # type: ignore[arg-type]
-                    modules=tuple(sorted((p, "fp32") for p in self.fp32_modules)),
-                    fp32_instances=tuple(sorted(fp32)), **extra)
-
-    def _label(self, fp32_idx: frozenset[int]) -> str:
-        if not fp32_idx:
-            return f"all eligible in {self.options.dtype}"
-        weight: dict[str, float] = {}
-        for i in fp32_idx:
-            cand = self.candidates[i]
-            weight[cand.module] = weight.get(cand.module, 0.0) + self.scores.get(cand, 0.0) ** 2
-        names = [m or "(root)" for m in sorted(weight, key=lambda m: (-weight[m], m))]
-        modules = f"{len(names)} module{'s' if len(names) > 1 else ''}" if len(names) > 1 else names[0]
-        shown = ": " + ", ".join(names[:3]) + (" ..." if len(names) > 3 else "") if len(names) > 1 else ""
-        return f"{len(fp32_idx)} in FP32 ({modules}){shown}"
-
-    def _check_bounds(self) -> None:
-        opts = self.options
-        if opts.max_evals is not None and self.evals >= opts.max_evals:
-            raise SearchStopped(StopReason.MAX_EVALS)
-        if opts.time_budget is not None:
-            took = [t.seconds for t in self.trials if not t.from_journal] or [0.0]
-            if time.monotonic() - self.started + statistics.median(took) > opts.time_budget:
-                raise SearchStopped(StopReason.TIME_BUDGET)
-
-    def _evaluate(self, key: str, label: str, fp32: frozenset[OpInstance], *, baseline: bool = False) -> Trial:
-        """Run (or read from the journal) one full evaluation; the only place `evaluate` is called."""
-        labels = tuple(sorted(i.label() for i in fp32))
-        share = Shares() if baseline else self.all_low.without(len(fp32), sum(self.cand_flops[c] for c in fp32))
-        cached = self.journal.get(key) if self.journal else None
-        if cached is not None:
-            metric = None if cached.get("metric") is None else float(cached["metric"])
-            trial = Trial(len(self.trials) + 1, label, labels, metric, self._passes(metric, baseline),
-                          float(cached["seconds"]), share, cached.get("error"), True, baseline)
-            return self._record(trial)
-        if not baseline:
-            self.ranks.decide(self._check_bounds)  # rank 0's clock and count stop every rank at once
-        self.emit(TuneEvent(EventKind.EVALUATING, label, done=len(self.trials) + 1))
-        metric, error, secs = self._run_evaluate(fp32, baseline)
-        trial = Trial(len(self.trials) + 1, label, labels, metric, self._passes(metric, baseline), secs, share, error,
-                      False, baseline)
-        if self.journal:
-            self.journal.append(key, {"metric": metric, "passed": trial.passed, "seconds": secs, "error": error,
-                                      "fp32": list(labels)})
-        return self._record(trial)
-
-    def _run_evaluate(self, fp32: frozenset[OpInstance], baseline: bool) -> tuple[float | None, str | None, float]:
-        model = self.keeper.model
-        if not baseline:
-            attach(model, self._plan(fp32))  # the path tuner.load runs: what the search approves, deploys
-        t0 = time.monotonic()
-        metric: float | None = None
-        error: str | None = None
-        try:
-            metric = _to_float(self.evaluate_fn(model))
-        except Exception as exc:  # noqa: BLE001 - the baseline re-raises; a trial fails
-            if baseline or self.ranks.distributed:  # a rank cannot tell whether the others raised too: stop all
-                raise
-            error = str(exc) if isinstance(exc, UserCodeError) else \
-                f"evaluate raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        finally:
-            detach(model)
-        secs = time.monotonic() - t0
-        if metric is not None and self.ranks.distributed:
-            metric = self.ranks.agree(metric)  # the metric that counts: the all-reduced one, alike on every rank
-        if metric is not None and not math.isfinite(metric):
-            if baseline:
-                raise UserCodeError(f"evaluate returned {metric} for the FP32 model; the baseline must be finite")
-            error, metric = f"metric is {metric}", None
-        self.keeper.restore()
-        return metric, error, secs
-
-    def _passes(self, metric: float | None, baseline: bool) -> bool:
-        if baseline:
-            return True
-        assert self.accept is not None
-        return self.accept.confirms(metric)
-
-    def _record(self, trial: Trial) -> Trial:
-        self.evals += 1
-        self.eval_seconds += trial.seconds
-        self.trials.append(trial)
-        self.emit(TuneEvent(EventKind.TRIAL, trial=trial, done=trial.n))
-        return trial
+    def search(self, found: Candidates, scores: Scores, trials: SearchTrials,
+               first: Probe) -> tuple[frozenset[OpInstance] | None, StopReason | None]:
+        """PrecisionSearch over units (every candidate one module's own code calls: what a loaded plan can run
+        in FP32 without Python per op, `tuner.engine.native`); its chosen FP32 set and why it stopped early."""
+        units = found.units()
+        search = PrecisionSearch([math.sqrt(sum(scores[found.instances[i]] ** 2 for i in u)) for u in units],
+                                 lambda picked: trials.probe(frozenset(i for n in picked for i in units[n]), scores),
+                                 costs=[sum(found.costs[found.instances[i]] for i in u) for u in units],
+                                 thorough=self.options.thorough, all_low_failed=True, all_low_drop=first.drop)
+        outcome = search.run()
+        self.notes.extend(outcome.notes)
+        chosen = None if outcome.fp32 is None else found.pick(frozenset(i for n in outcome.fp32 for i in units[n]))
+        return chosen, outcome.stopped  # type: ignore[return-value]
 
     # --- the answer ------------------------------------------------------------------------------------------
-    def _best_trial(self) -> Trial | None:
-        """The search's answer when a passing trial confirmed it, else the smallest confirmed FP32 set."""
-        passing = [t for t in self.trials if t.passed and not t.baseline]
-        if self._search_best is not None:
-            wanted = tuple(sorted(self.candidates[i].label() for i in self._search_best))
-            found = [t for t in passing if t.fp32 == wanted]
-            if found:
-                return found[-1]
-        return min(passing, key=lambda t: len(t.fp32)) if passing else None
+    def final_fp32(self, found: Candidates | None, chosen: frozenset[OpInstance] | None,
+                   stopped: StopReason | None) -> tuple[tuple[OpInstance, ...], float | None, int | None]:
+        """The FP32 instances of the plan to write, the metric that confirmed it and its trial number: the
+        best confirmed trial's set less the overrides that change nothing; all candidates when none passed."""
+        best = best_trial(self.evaluator.trials, chosen)
+        if best is None or found is None:
+            return tuple(sorted(found.instances if found else ())), None, None
+        fp32 = found.by_label(best.fp32)
+        idle = self._no_op_overrides(found, fp32) if stopped is not StopReason.INTERRUPTED else set()
+        if idle:
+            fp32 = tuple(i for i in fp32 if i not in idle)
+            self.notes.append(f"{len(idle)} FP32 override(s) dropped: their inputs are FP32 under the plan, "
+                              "so they ran in FP32 anyway")
+        return fp32, best.metric, best.n
 
-    def _no_op_overrides(self, fp32: tuple[OpInstance, ...]) -> set[OpInstance]:
-        """FP32 overrides that change nothing under the plan: ops that run in their inputs' precision and,
-        with their producers in FP32, get only FP32 inputs. One recorded forward, no evaluation."""
-        if not fp32 or self.inputs is None:
+    def _no_op_overrides(self, found: Candidates, fp32: tuple[OpInstance, ...]) -> set[OpInstance]:
+        if not fp32:
             return set()
-        wanted = set(fp32)
-        idle: set[OpInstance] = set()
+        with self.keeper.borrowed() as model:
+            return no_op_overrides(model, found.inputs, plan_for(self.options, found.fp32_modules, fp32),
+                                   self.policy)
 
-        def record(d: Decision, *rest: Any) -> None:
-            inst = OpInstance(d.module, d.op, d.index)
-            if inst in wanted and self.policy.lookup(d.op)[0] in _FROM_INPUTS and d.in_dtypes \
-                    and all(t == "fp32" for t in d.in_dtypes):
-                idle.add(inst)
-
-        with torch.no_grad(), autocast(self._plan(frozenset(fp32)), model=self.keeper.model, recorder=record,
-                                       engine="python"):
-            call_forward(self.keeper.model, self.inputs)
-        self.keeper.restore()
-        return idle
-
-    def result(self) -> TuneResult:
-        assert self.base is not None and self.accept is not None
-        best = self._best_trial()
-        if best is not None:
-            by_label = {c.label(): c for c in self.candidates}
-            fp32_final = tuple(sorted(by_label[label] for label in best.fp32))
-            status, metric = TuneStatus.MET, best.metric
-            idle = self._no_op_overrides(fp32_final) if self.stopped is not StopReason.INTERRUPTED else set()
-            if idle:
-                fp32_final = tuple(i for i in fp32_final if i not in idle)
-                self.notes.append(f"{len(idle)} FP32 override(s) dropped: their inputs are FP32 under the plan, "
-                                  "so they ran in FP32 anyway")
-        else:
-            fp32_final, status, metric = tuple(sorted(self.candidates)), TuneStatus.NOT_MET, None
-        opts = self.options
-        plan = self._plan(frozenset(fp32_final),
-                          metrics={"baseline": self.base.value, "tuned": metric, "target": self.accept.target,
-                                   "tolerance": opts.tolerance, "absolute": opts.absolute,
-                                   "lower_is_better": opts.lower_is_better, "noise": self.base.spread,
-                                   "evaluations": self.evals, "candidates": len(self.candidates),
-                                   "status": status.value, "stopped": self.stopped.value if self.stopped else None})
+    def result(self, base: Baseline, accept: Acceptance, inputs: ModelInputs | None, found: Candidates | None,
+               scores: Scores, chosen: frozenset[OpInstance] | None, stopped: StopReason | None) -> TuneResult:
+        fp32, metric, chosen_n = self.final_fp32(found, chosen, stopped)
+        status = TuneStatus.MET if chosen_n is not None else TuneStatus.NOT_MET
+        opts, ev = self.options, self.evaluator
+        candidates = list(found.instances) if found else []
+        plan = plan_for(opts, found.fp32_modules if found else {}, fp32,
+                        metrics={"baseline": base.value, "tuned": metric, "target": accept.target,
+                                 "tolerance": opts.tolerance, "absolute": opts.absolute,
+                                 "lower_is_better": opts.lower_is_better, "noise": base.spread,
+                                 "evaluations": ev.evals, "candidates": len(candidates),
+                                 "status": status.value, "stopped": stopped.value if stopped else None})
         notes = list(self.notes)
-        if self.stopped is not None:
-            notes.append(f"search cut short: {self.stopped.describe(opts)}; the best plan confirmed so far was kept")
-        return TuneResult(plan=plan, status=status, baseline=self.base.value, target=self.accept.target,
-                          metric=metric, trials=self.trials, evals=self.evals, stopped=self.stopped,
-                          candidates=self.candidates, scores={c.label(): s for c, s in self.scores.items()},
-                          notes=notes,
-                          seconds=time.monotonic() - self.started, eval_seconds=self.eval_seconds,
-                          user_seconds=self.user_seconds, inputs=self.inputs, warnings=list(self.warnings),
-                          noise=self.base.spread, rebuilds=self.keeper.rebuilds,
-                          chosen=best.n if best is not None else None)
+        if stopped is not None:
+            notes.append(f"search cut short: {stopped.describe(opts)}; the best plan confirmed so far was kept")
+        return TuneResult(plan=plan, status=status, baseline=base.value, target=accept.target, metric=metric,
+                          trials=ev.trials, evals=ev.evals, stopped=stopped, candidates=candidates,
+                          scores={c.label(): s for c, s in scores.items()}, notes=notes,
+                          seconds=time.monotonic() - self.started, eval_seconds=ev.eval_seconds,
+                          user_seconds=self.user_seconds, inputs=inputs, warnings=list(self.warnings),
+                          noise=base.spread, rebuilds=self.keeper.rebuilds, chosen=chosen_n)
 
 
 def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Module], Any],

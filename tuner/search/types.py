@@ -98,7 +98,7 @@ class EventKind(str, enum.Enum):
     BASELINE = "baseline"
     CANDIDATES = "candidates"
     RANK = "rank"
-    EVALUATING = "evaluating"  # a full evaluation starts: message is its label, done its trial number
+    EVALUATING = "evaluating"  # a full evaluation starts
     TRIAL = "trial"
     DONE = "done"
 
@@ -130,14 +130,67 @@ class Trial:
 
 
 @dataclass(frozen=True)
+class BaselineMeasured:
+    """The FP32 baseline is known: its value, its noise (`spread`, 0 for a deterministic evaluate) and the target."""
+
+    value: float
+    spread: float
+    target: float
+    lower_is_better: bool
+
+    @property
+    def noisy(self) -> bool:
+        return self.spread > 0
+
+
+@dataclass(frozen=True)
+class CandidatesFound:
+    """`count` op instances run in `dtype` under `preset` and change the numbers; `all_low_error` is the relative
+    error of the example output with all of them lowered."""
+
+    count: int
+    dtype: str
+    preset: str
+    all_low_error: float
+
+
+@dataclass(frozen=True)
+class RankProgress:
+    """`done` of `total` candidates ranked by `method`."""
+
+    method: RankMethod
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
+class Evaluating:
+    """Full evaluation number `n` (its trial number) starts; `label` says what it tries."""
+
+    n: int
+    label: str
+
+
+EventPayload = BaselineMeasured | CandidatesFound | RankProgress | Evaluating | Trial | None
+
+# what each kind of event carries (DONE: nothing)
+_PAYLOADS: dict[EventKind, type] = {EventKind.BASELINE: BaselineMeasured, EventKind.CANDIDATES: CandidatesFound,
+                                    EventKind.RANK: RankProgress, EventKind.EVALUATING: Evaluating,
+                                    EventKind.TRIAL: Trial, EventKind.DONE: type(None)}
+
+
+@dataclass(frozen=True)
 class TuneEvent:
-    """Progress for a renderer."""
+    """Progress for a renderer: values, not sentences; the renderer words them (mpt_cli.tune_cmd)."""
 
     kind: EventKind
-    message: str = ""
-    trial: Trial | None = None
-    done: int = 0
-    total: int = 0
+    payload: EventPayload = None
+
+    def __post_init__(self) -> None:
+        wanted = _PAYLOADS[self.kind]
+        if not isinstance(self.payload, wanted):
+            raise TypeError(f"a {self.kind.value} event carries a {wanted.__name__}, "
+                            f"not a {type(self.payload).__name__}")
 
 
 @dataclass

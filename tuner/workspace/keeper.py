@@ -1,16 +1,17 @@
 """Every evaluation sees the FP32 model as the user built it, whatever the previous `evaluate` did.
 
-No spare copy is held: after user code ran on the model, `ModelKeeper.restore`
-compares the model with how it was built (`fingerprint.ModelState`: object
-identities, version counters and flags, plus a sha256 of the weights) and, only
-when something changed, drops it and calls `build()` again. The cost is one
-pass over the weights per evaluation (about 1-2 GB/s) and, for an `evaluate`
+No spare copy is held: user code gets the model inside `with keeper.borrowed() as model:`
+and, when the block ends, `ModelKeeper.restore` compares the model with how it was built
+(`fingerprint.ModelState`: object identities, version counters and flags, plus a sha256
+of the weights) and, only when something changed, drops it and calls `build()` again. The
+cost is one pass over the weights per borrowing (about 1-2 GB/s) and, for an `evaluate`
 that trains, folds or rebinds the model, one `build()` per evaluation.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -38,6 +39,19 @@ class ModelKeeper:
 
     def changed(self) -> bool:
         return ModelState.capture(self.model) != self._as_built
+
+    @contextlib.contextmanager
+    def borrowed(self) -> Iterator[nn.Module]:
+        """The model for a block of user code (an evaluate, a recorded forward); restored when the block ends.
+
+        Restored however the block ends, an interrupt included, so the model is as built between blocks and
+        no caller has to remember to put it back. An error raised while restoring takes the place of the
+        block's own: the model could not be put back, which is the harder failure.
+        """
+        try:
+            yield self.model
+        finally:
+            self.restore()
 
     def restore(self) -> bool:
         """Rebuild the model if user code changed it; True when it did."""

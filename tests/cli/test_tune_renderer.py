@@ -1,0 +1,44 @@
+"""`mpt tune`'s renderer words the events' typed payloads; piped, one plain line per event."""
+from __future__ import annotations
+
+from mpt_cli.tune_cmd import _Renderer
+from tuner.search.types import (
+    BaselineMeasured,
+    CandidatesFound,
+    Evaluating,
+    EventKind,
+    RankMethod,
+    RankProgress,
+    TuneEvent,
+)
+
+
+def rendered(capsys, *events: TuneEvent) -> list[str]:
+    render = _Renderer(quiet=False)
+    for event in events:
+        render(event)
+    return capsys.readouterr().out.splitlines()
+
+
+def test_baseline_and_candidates_lines(capsys):
+    lines = rendered(capsys, TuneEvent(EventKind.BASELINE, BaselineMeasured(0.985185, 0.0, 0.975333, False)),
+                     TuneEvent(EventKind.BASELINE, BaselineMeasured(2.5, 0.0123, 2.7, True)),
+                     TuneEvent(EventKind.CANDIDATES, CandidatesFound(5, "bf16", "torch-cpu", 0.99412)))
+    assert lines == ["baseline 0.985185; target >= 0.975333",
+                     "baseline 2.5 (noise ±0.0123: a trial must clear the target by more); target <= 2.7",
+                     "5 op instances run in bf16 under torch-cpu and change the numbers; all-bf16 output error "
+                     "9.94e-01"]
+
+
+def test_ranking_is_announced_once_with_its_method_and_evaluating_is_silent_when_piped(capsys):
+    lines = rendered(capsys, *(TuneEvent(EventKind.RANK, RankProgress(RankMethod.GRADIENT, n, 3)) for n in (1, 2, 3)),
+                     TuneEvent(EventKind.RANK, RankProgress(RankMethod.EXACT, 1, 3)),
+                     TuneEvent(EventKind.EVALUATING, Evaluating(3, "all eligible in bf16")))
+    assert lines == ["ranking op instances on example inputs (gradient: one shadowed forward pass + backward probes)",
+                     "ranking op instances on example inputs (exact: one forward pass per op instance)"]
+
+
+def test_quiet_prints_nothing(capsys):
+    render = _Renderer(quiet=True)
+    render(TuneEvent(EventKind.BASELINE, BaselineMeasured(1.0, 0.0, 0.99, False)))
+    assert capsys.readouterr().out == ""

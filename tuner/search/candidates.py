@@ -1,0 +1,103 @@
+"""The op instances a tune decides about, found by one recorded forward under the preset.
+
+Not candidates: calls the policy cannot choose for (in-place, explicit dtype=), calls that run in FP32 anyway,
+numerically neutral ops (views, copies, eval-mode dropout: `opnames.is_neutral`), and calls inside modules that
+torch.autocast cannot run on this machine (those stay FP32: `fp32_modules`, from `engine.probe.autocast_failures`).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from tuner.core.inputs import ModelInputs
+from tuner.core.loader import call_forward
+from tuner.engine.function_mode import Decision, PrecisionEngine
+from tuner.measure.flops import first_tensor, op_flops
+from tuner.measure.inspection import relative_error
+from tuner.measure.shares import ShareCounter, Shares
+from tuner.policy.opnames import is_neutral
+from tuner.policy.plan import OpInstance
+from tuner.policy.presets import Policy
+from tuner.search.decisions import runs_low
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: it holds tensors, which do not compare to a bool
+class Candidates:
+    """The candidates in the order the forward first called them, and what the search needs to know of them.
+
+    `costs` weighs keeping one in FP32 (its matmul/conv FLOPs plus its output size); `flops` are its
+    matmul/conv FLOPs alone (`tuner.measure.flops`); `all_low` the shares of the forward with every
+    candidate lowered; `ref_out` the FP32 output on `inputs`; `all_low_error` the relative error of the
+    all-low output against it.
+    """
+
+    instances: tuple[OpInstance, ...]
+    costs: Mapping[OpInstance, float]
+    flops: Mapping[OpInstance, int]
+    all_low: Shares
+    ref_out: Any
+    fp32_modules: Mapping[str, str]  # module path -> why torch.autocast cannot run it here
+    inputs: ModelInputs
+    all_low_error: float = 0.0
+
+    def __post_init__(self) -> None:
+        if set(self.costs) != set(self.instances) or set(self.flops) != set(self.instances):
+            raise ValueError("every candidate needs a cost and a FLOP count, and only candidates have them")
+        if len(set(self.instances)) != len(self.instances):
+            raise ValueError("a candidate is listed twice")
+
+    def __len__(self) -> int:
+        return len(self.instances)
+
+    def units(self) -> list[tuple[int, ...]]:
+        """Candidate indices grouped by the module that calls them, in the order modules first call one.
+
+        The search decides per unit: what a loaded plan can run in FP32 without Python per op
+        (`tuner.engine.native`)."""
+        groups: dict[str, list[int]] = {}
+        for i, cand in enumerate(self.instances):
+            groups.setdefault(cand.module, []).append(i)
+        return [tuple(g) for g in groups.values()]
+
+    def pick(self, indices: frozenset[int]) -> frozenset[OpInstance]:
+        return frozenset(self.instances[i] for i in indices)
+
+    def by_label(self, labels: tuple[str, ...]) -> tuple[OpInstance, ...]:
+        """The candidates with these labels (`OpInstance.label`), sorted."""
+        named = {c.label(): c for c in self.instances}
+        return tuple(sorted(named[label] for label in labels))
+
+    def shares_without(self, fp32: frozenset[OpInstance]) -> Shares:
+        """The all-low shares with the candidates in `fp32` moved to FP32 (a trial's shares)."""
+        return self.all_low.without(len(fp32), sum(self.flops[c] for c in fp32))
+
+
+def find_candidates(model: nn.Module, inputs: ModelInputs, policy: Policy, dtype: torch.dtype,
+                    fp32_modules: Mapping[str, str]) -> Candidates:
+    """The op instances whose precision changes the numbers: one FP32 forward for the reference, one recorded
+    forward under `policy` with `fp32_modules` kept FP32."""
+    counter = ShareCounter()
+    costs: dict[OpInstance, float] = {}
+    flops: dict[OpInstance, int] = {}
+
+    def record(d: Decision, func: Any, args: tuple, kwargs: dict, out: Any, *raw: Any) -> None:
+        counter.add(d, args, kwargs, out)
+        # a neutral op that casts (a lower-list op rounding an FP32 input) does change the numbers
+        if runs_low(d) and not d.forced and (d.casts > 0 or not is_neutral(d.op, args, kwargs)):
+            y = first_tensor(out)
+            cand = OpInstance(d.module, d.op, d.index)
+            flops[cand] = op_flops(d.op, args, kwargs, out)
+            costs[cand] = float(flops[cand] + (y.numel() if y is not None else 0))
+
+    with torch.no_grad():
+        ref_out = call_forward(model, inputs)
+        with PrecisionEngine(policy, dtype, root=model, recorder=record,
+                             module_overrides={p: torch.float32 for p in fp32_modules}):
+            low_out = call_forward(model, inputs)
+    return Candidates(instances=tuple(costs), costs=costs, flops=flops, all_low=counter.shares, ref_out=ref_out,
+                      fp32_modules=dict(fp32_modules), inputs=inputs,
+                      all_low_error=relative_error(low_out, ref_out) or 0.0)

@@ -1,0 +1,158 @@
+"""Full evaluations: the one place a tune calls the user's `evaluate`.
+
+An `Evaluator` reads a trial from the journal when an earlier run made it, else checks the bounds (evaluations,
+time from the start of the command), attaches the trial's plan as `tuner.load` attaches it (so the plan the
+search approves is the one that is deployed), runs `evaluate` on the model the keeper lends, writes the journal,
+counts, and reports the trial. Under torchrun rank 0's bounds decide and every rank must get the same metric
+(tuner.search.distributed).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from tuner.core.errors import UserCodeError
+from tuner.engine.attach import attach, detach
+from tuner.measure.shares import Shares
+from tuner.policy.plan import Plan
+from tuner.search.distributed import Ranks, SharedJournal
+from tuner.search.noise import Acceptance
+from tuner.search.strategy import SearchStopped
+from tuner.search.types import Evaluating, EventKind, StopReason, Trial, TuneEvent
+from tuner.workspace.journal import Journal
+from tuner.workspace.keeper import ModelKeeper
+
+BASELINE_KEY = "baseline#{n}"
+
+
+def trial_key(fp32_labels: tuple[str, ...]) -> str:
+    """The journal key of the trial that keeps these instances (sorted labels) FP32."""
+    return "fp32=" + ",".join(fp32_labels)
+
+
+def _to_float(value: Any) -> float:
+    if isinstance(value, torch.Tensor):
+        return float(value.detach().cpu().item())
+    return float(value)
+
+
+def _describe(exc: Exception) -> str:
+    """A failed trial's error, on one line."""
+    if isinstance(exc, UserCodeError):
+        return str(exc)
+    return f"evaluate raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """When a search must stop: `max_evals` evaluations, or `time_budget` seconds from `started`
+    (time.monotonic()). None: no such bound."""
+
+    started: float
+    max_evals: int | None = None
+    time_budget: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_evals is not None and self.max_evals < 1:
+            raise ValueError(f"max_evals must be at least 1, not {self.max_evals}")
+        if self.time_budget is not None and not self.time_budget > 0:
+            raise ValueError(f"time_budget must be > 0 seconds, not {self.time_budget}")
+
+
+class Evaluator:
+    """Runs and counts full evaluations; `trials` lists them in the order they ran (numbered from 1)."""
+
+    def __init__(self, evaluate: Callable[[nn.Module], Any], keeper: ModelKeeper, bounds: Bounds, *,
+                 journal: Journal | SharedJournal | None = None, ranks: Ranks | None = None,
+                 emit: Callable[[TuneEvent], None] | None = None) -> None:
+        self._evaluate = evaluate
+        self.keeper = keeper
+        self.bounds = bounds
+        self.journal = journal
+        self.ranks = ranks or Ranks()
+        self._emit = emit or (lambda event: None)
+        self.trials: list[Trial] = []
+        self.evals = 0
+        self.eval_seconds = 0.0
+
+    def baseline(self) -> Trial:
+        """One more run of the FP32 model as built. Not bounded; an evaluate that raises or gives no finite
+        number ends the tune (there is nothing to compare plans with)."""
+        n = sum(t.baseline for t in self.trials) + 1
+        return self._run(BASELINE_KEY.format(n=n), f"FP32 baseline run {n}", None, (), Shares(), None)
+
+    def trial(self, plan: Plan, label: str, shares: Shares, accept: Acceptance) -> Trial:
+        """The model under `plan`; passed when `accept` confirms its metric. An evaluate that raises, or gives
+        NaN/inf, fails the trial. Raises SearchStopped when a bound is reached."""
+        fp32 = tuple(sorted(i.label() for i in plan.fp32_instances))
+        return self._run(trial_key(fp32), label, plan, fp32, shares, accept)
+
+    def _check_bounds(self) -> None:
+        if self.bounds.max_evals is not None and self.evals >= self.bounds.max_evals:
+            raise SearchStopped(StopReason.MAX_EVALS)
+        if self.bounds.time_budget is not None:
+            took = [t.seconds for t in self.trials if not t.from_journal] or [0.0]
+            if time.monotonic() - self.bounds.started + statistics.median(took) > self.bounds.time_budget:
+                raise SearchStopped(StopReason.TIME_BUDGET)
+
+    def _run(self, key: str, label: str, plan: Plan | None, fp32: tuple[str, ...], shares: Shares,
+             accept: Acceptance | None) -> Trial:
+        """A trial from the journal, or a new evaluation (written to the journal). `plan` None: the baseline."""
+        baseline = plan is None
+        n = len(self.trials) + 1
+        cached = self.journal.get(key) if self.journal else None
+        if cached is not None:
+            metric = None if cached.get("metric") is None else float(cached["metric"])
+            passed = baseline or (accept is not None and accept.confirms(metric))
+            return self._record(Trial(n, label, fp32, metric, passed, float(cached["seconds"]), shares,
+                                      cached.get("error"), True, baseline))
+        if not baseline:
+            self.ranks.decide(self._check_bounds)  # rank 0's clock and count stop every rank at once
+        self._emit(TuneEvent(EventKind.EVALUATING, Evaluating(n, label)))
+        metric, error, secs = self._call(plan)
+        passed = baseline or (accept is not None and accept.confirms(metric))
+        trial = Trial(n, label, fp32, metric, passed, secs, shares, error, False, baseline)
+        if self.journal:
+            self.journal.append(key, {"metric": metric, "passed": passed, "seconds": secs, "error": error,
+                                      "fp32": list(fp32)})
+        return self._record(trial)
+
+    def _call(self, plan: Plan | None) -> tuple[float | None, str | None, float]:
+        """(metric, error, seconds) of one `evaluate` on the lent model, with `plan` attached (None: FP32)."""
+        baseline = plan is None
+        metric: float | None = None
+        error: str | None = None
+        with self.keeper.borrowed() as model:
+            if plan is not None:
+                attach(model, plan)  # the path tuner.load runs: what the search approves, deploys
+            t0 = time.monotonic()
+            try:
+                metric = _to_float(self._evaluate(model))
+            except Exception as exc:  # noqa: BLE001 - the baseline re-raises; a trial fails
+                if baseline or self.ranks.distributed:  # a rank cannot tell whether the others raised too: stop all
+                    raise
+                error = _describe(exc)
+            finally:
+                detach(model)
+            secs = time.monotonic() - t0
+            if metric is not None and self.ranks.distributed:
+                metric = self.ranks.agree(metric)  # the metric that counts: the all-reduced one, alike on every rank
+        if metric is not None and not math.isfinite(metric):
+            if baseline:
+                raise UserCodeError(f"evaluate returned {metric} for the FP32 model; the baseline must be finite")
+            error, metric = f"metric is {metric}", None
+        return metric, error, secs
+
+    def _record(self, trial: Trial) -> Trial:
+        self.evals += 1
+        self.eval_seconds += trial.seconds
+        self.trials.append(trial)
+        self._emit(TuneEvent(EventKind.TRIAL, trial))
+        return trial

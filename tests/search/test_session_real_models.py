@@ -20,7 +20,7 @@ from tuner.core.inputs import ModelInputs
 from tuner.workspace.journal import Journal, RunFingerprint
 from tuner.policy.plan import OpInstance
 from tuner.search.session import TuneSession
-from tuner.search.types import TuneOptions
+from tuner.options.tune import TuneOptions
 from tuner.search.session import tune
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tuner.core.dtypes import LOWER_DTYPES, parse_dtype, short_name
+from tuner.core.dtypes import LOWER_NAMES, parse_dtype
 from tuner.core.errors import ConfigError, Interrupted, UserCodeError
 from tuner.core.inputs import ModelInputs
 from tuner.core.loader import call_forward
@@ -33,6 +33,7 @@ from tuner.measure.flops import first_tensor, op_flops
 from tuner.measure.inspection import relative_error
 from tuner.measure.ranking import rank_exact, rank_gradient
 from tuner.measure.shares import ShareCounter, Shares
+from tuner.options.tune import RankMethod, TuneOptions
 from tuner.policy.opnames import is_neutral
 from tuner.policy.plan import OpInstance, Plan
 from tuner.policy.presets import load_preset
@@ -40,12 +41,12 @@ from tuner.policy.rules import Rule
 from tuner.search.distributed import Ranks, SharedJournal
 from tuner.search.noise import Acceptance, Baseline, measure_baseline
 from tuner.search.strategy import PrecisionSearch, Probe, SearchStopped
-from tuner.search.types import EventKind, RankMethod, StopReason, Trial, TuneEvent, TuneOptions, TuneResult, TuneStatus
+from tuner.search.types import EventKind, StopReason, Trial, TuneEvent, TuneResult, TuneStatus
 from tuner.workspace.journal import Journal
 from tuner.workspace.keeper import ModelKeeper
 
 BASELINE_KEY = "baseline#{n}"
-_LOWER_NAMES = frozenset(short_name(d) for d in LOWER_DTYPES)
+_LOWER_NAMES = frozenset(LOWER_NAMES)
 
 
 def _trial_key(fp32: frozenset[OpInstance]) -> str:

@@ -44,7 +44,7 @@ def test_every_field_is_a_click_parameter_of_its_command(name):
     params = [p for p in command.params if p.name not in ("config_path", "help")]
     fields = option_fields(COMMANDS[name])
     assert [p.name for p in params] == [f.name for f in fields]
-    for p, f in zip(params, fields):
+    for p, f in zip(params, fields, strict=True):
         spec = spec_of(f)
         assert isinstance(p, click.Argument) == spec.positional, f.name
         if isinstance(p, click.Option):

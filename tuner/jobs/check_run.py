@@ -151,7 +151,7 @@ def _user_specs(plan: Plan, plan_file: Path, options: CheckOptions) -> tuple[str
             raise ConfigError(f"model: {plan_file} does not record which model it was tuned for; give the model file",
                               fields=("model",))
         return options.model, given
-    unused = {role: None for role, spec in given.items() if spec is not None}  # the caller's win: not resolved
+    unused: dict[str, Any] = {role: None for role, spec in given.items() if spec is not None}  # the caller's win
     model_file, *recorded = resolve_model_ref(replace(plan.model, **unused), plan_file.parent, file=options.model)
     return model_file, {role: spec if spec is not None else rec
                         for (role, spec), rec in zip(given.items(), recorded, strict=False)}

@@ -94,7 +94,7 @@ class InspectOptions(Options):
 
     def modules(self) -> dict[str, str]:
         """The per-module overrides, {module path or glob: dtype}."""
-        return dict(item.split("=", 1) for item in self.module)  # type: ignore[misc]
+        return dict(item.split("=", 1) for item in self.module)
 
 
 @dataclass(frozen=True)

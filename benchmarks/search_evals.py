@@ -69,7 +69,8 @@ from tuner.policy.plan import OpInstance, Plan  # noqa: E402
 from tuner.search.noise import Acceptance  # noqa: E402
 from tuner.search.strategy import PrecisionSearch  # noqa: E402
 from tuner.testing import PlantedTask  # noqa: E402
-from tuner.search.types import TuneOptions, tune  # noqa: E402
+from tuner.options.tune import TuneOptions  # noqa: E402
+from tuner.search.session import tune  # noqa: E402
 
 NS = (16, 64, 256)
 KS = (1, 2, 4)

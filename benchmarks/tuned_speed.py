@@ -49,7 +49,8 @@ import tuner  # noqa: E402
 from tuner.report.checkpoint import CHECKPOINT_NAME, load, save_checkpoint  # noqa: E402
 from tuner.policy.plan import Plan  # noqa: E402
 from tuner.testing import PlantedTask  # noqa: E402
-from tuner.search.types import TuneOptions, tune  # noqa: E402
+from tuner.options.tune import TuneOptions  # noqa: E402
+from tuner.search.session import tune  # noqa: E402
 
 SIZE_TARGET = 0.52
 OVERHEAD_TARGET = 0.20

@@ -15,7 +15,7 @@ import click
 
 from . import exitcodes
 from .common import exit_code, guarded, message
-from .options import CHECK, options
+from .options import CHECK, command_options, options
 from .render import console, warn
 
 EPILOG = """\b
@@ -41,9 +41,7 @@ def _print_json(data: dict[str, Any]) -> None:
 @click.command(CHECK, epilog=EPILOG)
 @options(CHECK)
 @guarded
-def check_cmd(out_dir: str | None, model_file: str | None, device: str, tolerance: float | None, checkpoint: bool,
-              as_json: bool, junit_path: str | None, config_path: str | None, model_fn: str | None,
-              eval_fn: str | None, inputs_fn: str | None) -> None:
+def check_cmd(**values: Any) -> None:
     """Check that a committed plan still meets its target (exit 0) or not (exit 3).
 
     Re-evaluates the FP32 baseline and the model under the plan in DIR (the
@@ -52,15 +50,14 @@ def check_cmd(out_dir: str | None, model_file: str | None, device: str, toleranc
     noise still passes. Run it in CI after a model or data change: it fails
     when the change broke the plan.
     """
-    from tuner.core.errors import ConfigError, MptError
+    from tuner.core.errors import MptError
     from tuner.jobs.check_run import check_plan, junit_xml, write_junit
 
-    if not out_dir:
-        raise ConfigError("missing DIR: give the plan folder as the argument or as `out:` in --config")
+    opts = command_options(values)  # tuner.options.commands.CheckOptions
+    out_dir, as_json, junit_path = opts.out, opts.json, opts.junit
     t0 = time.monotonic()
     try:
-        result = check_plan(out_dir, model_file, build=model_fn, eval=eval_fn, inputs=inputs_fn, device=device,
-                            checkpoint=checkpoint, tolerance=tolerance)
+        result = check_plan(opts)
     except MptError as exc:
         text = message(exc, click.get_current_context().command)
         if junit_path:

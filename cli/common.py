@@ -1,4 +1,4 @@
-"""Shared CLI plumbing: options checked by the library, exceptions turned into one-line errors and exit codes."""
+"""Shared CLI plumbing: library exceptions turned into one-line errors (options spelled as flags) and exit codes."""
 from __future__ import annotations
 
 import functools
@@ -23,7 +23,7 @@ from tuner.core.errors import (
 )
 
 from . import exitcodes
-from .options import command_values, display_names, schema
+from .options import display_names
 from .render import err
 
 _KEY = re.compile(r"[a-z][a-z0-9_]*")
@@ -66,15 +66,6 @@ def message(exc: MptError, command: click.Command | None = None) -> str:
             problem = _KEY.sub(lambda m: names.get(m.group(), m.group()), subject) + problem[len(subject):]
         problems.append(spell(problem))
     return str(ConfigError(problems, source=exc.source))
-
-
-def check_command_options(ctx: click.Context) -> None:
-    """The library's checks on the values given on the command line (a --config file was checked on load)."""
-    from tuner.options.config import check_options
-
-    values, given = command_values(ctx)
-    if values:
-        check_options(values, schema([ctx.command]), given=given)
 
 
 def join_ranks(ctx: click.Context, device: str) -> Any:
@@ -121,7 +112,7 @@ def _fail(ctx: click.Context, code: int, text: str, notes: tuple[str, ...] = (),
 
 
 def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Run a command body after the library checked its options; map errors to (one-line message, exit code).
+    """Run a command body; map library errors to (one-line message, exit code).
 
     --debug shows the traceback (on the rank that failed, under torchrun).
     """
@@ -136,7 +127,6 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
         except ValueError:  # not the main thread (e.g. some test runners)
             previous = None
         try:
-            check_command_options(ctx)
             return fn(*args, **kwargs)
         except (KeyboardInterrupt, Interrupted):
             _fail(ctx, exitcodes.INTERRUPTED, "interrupted; finished work was kept (rerun with --resume to continue "

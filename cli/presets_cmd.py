@@ -1,20 +1,20 @@
 """`mpt presets`: list the shipped presets, or print one preset's lists."""
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from .common import guarded
-from .options import PRESETS, HelpArgument, options
+from .options import PRESETS, command_options, options
 from .render import console, is_tty
 
 
 @click.command(PRESETS,
                epilog="\b\nExamples:\n  mpt presets\n  mpt presets hmp\n  mpt presets torch-cpu --lists-only lower")
-@click.argument("name", required=False, cls=HelpArgument, metavar="[NAME]",
-                help="A preset to show in full (its source, rules and lists); without it, one line per preset.")
 @options(PRESETS, config=False)
 @guarded
-def presets_cmd(name: str | None, lists_only: str | None) -> None:
+def presets_cmd(**values: Any) -> None:
     """List presets, or show one preset's op lists and rules.
 
     Each preset reproduces one system's defaults: hmp (Habana HMP's default
@@ -22,8 +22,11 @@ def presets_cmd(name: str | None, lists_only: str | None) -> None:
     torch.autocast lists), xla (PyTorch/XLA AMP on TPU), torch-cpu / torch-cuda
     (torch.autocast's own CPU / CUDA lists of the installed torch).
     """
-    from tuner.policy.presets import load_preset, preset_names
+    from tuner.policy.presetfiles import preset_names
+    from tuner.policy.presets import load_preset
 
+    opts = command_options(values)  # tuner.options.commands.PresetsOptions
+    name, lists_only = opts.name, opts.lists_only
     out = console()
     if name is None:
         for n in preset_names():

@@ -9,7 +9,7 @@ import click
 
 from . import exitcodes
 from .common import guarded, join_ranks
-from .options import TUNE, options
+from .options import TUNE, command_options, options
 from .render import console, err, is_tty, warn
 
 EPILOG = """\b
@@ -92,7 +92,7 @@ class _Renderer:
 
     def ranking(self, progress: Any) -> None:
         """The method once when piped; a progress bar on a terminal."""
-        from tuner.search.types import RankMethod
+        from tuner.options.tune import RankMethod
 
         if not self.tty and progress.done == 1:
             how = ("one shadowed forward pass + backward probes" if progress.method is RankMethod.GRADIENT
@@ -131,10 +131,7 @@ class _Renderer:
 @click.command(TUNE, epilog=EPILOG)
 @options(TUNE)
 @guarded
-def tune_cmd(model_file: str | None, dtype: str, preset: str | None, tolerance: float, absolute: bool,
-             lower_is_better: bool, max_evals: int | None, time_budget: float | None, out_dir: str, resume: bool,
-             overwrite: bool, device: str, thorough: bool, latency: bool, rank: str, quiet: bool,
-             config_path: str | None, model_fn: str | None, eval_fn: str | None, inputs_fn: str | None) -> None:
+def tune_cmd(**values: Any) -> None:
     """Find which op instances must stay FP32 so the model keeps its accuracy in bf16/fp16.
 
     Evaluates the FP32 baseline, then everything eligible in the lower dtype;
@@ -146,45 +143,29 @@ def tune_cmd(model_file: str | None, dtype: str, preset: str | None, tolerance: 
     Under torchrun every rank runs this and rank 0 decides, reports and writes (README: torchrun).
     """
     started = time.monotonic()  # --time-budget counts from here
+    opts = command_options(values)  # tuner.options.commands.TuneCommandOptions (checked; no torch yet)
     # within a second, before torch is imported; under torchrun only rank 0 (by its environment) reports
-    render = _Renderer(quiet or os.environ.get("RANK", "0") != "0")
-    render.working(f"loading {model_file or 'the model'} ...")
+    render = _Renderer(opts.quiet or os.environ.get("RANK", "0") != "0")
+    render.working(f"loading {opts.model} ...")
     try:
-        run, ranks, options = _tune(model_file, render, started, dtype=dtype, preset=preset, tolerance=tolerance,
-                                    absolute=absolute, lower_is_better=lower_is_better, max_evals=max_evals,
-                                    time_budget=time_budget, out_dir=out_dir, resume=resume, overwrite=overwrite,
-                                    device=device, thorough=thorough, latency=latency, rank=rank, model_fn=model_fn,
-                                    eval_fn=eval_fn, inputs_fn=inputs_fn)
+        run, ranks = _tune(opts, render, started)
     finally:
         render.stop()
-    code = _summarize(run, options, quiet) if ranks.is_main else None
+    code = _summarize(run, opts, opts.quiet) if ranks.is_main else None
     click.get_current_context().exit(ranks.finish(code))  # under torchrun every rank ends with rank 0's code
 
 
-def _tune(model_file: str | None, render: _Renderer, started: float, *, dtype: str, preset: str | None,
-          tolerance: float, absolute: bool, lower_is_better: bool, max_evals: int | None, time_budget: float | None,
-          out_dir: str, resume: bool, overwrite: bool, device: str, thorough: bool, latency: bool, rank: str,
-          model_fn: str | None, eval_fn: str | None, inputs_fn: str | None) -> tuple[Any, Any, Any]:
-    """Options -> ranks -> the user's file -> the run; (TuneRun, Ranks, TuneOptions). Imports torch."""
-    from tuner.core.errors import ConfigError
+def _tune(opts: Any, render: _Renderer, started: float) -> tuple[Any, Any]:
+    """Ranks -> the user's file -> the run; (TuneRun, Ranks). Imports torch."""
     from tuner.core.loader import load_user_model
     from tuner.jobs.tune_run import tune_into_folder
-    from tuner.search.types import TuneOptions
 
-    if not model_file:
-        raise ConfigError("missing MODEL.py: give it as the argument or as `model:` in --config")
-    if resume and overwrite:
-        raise ConfigError("give --resume or --overwrite, not both")
-    options = TuneOptions(dtype=dtype, preset=preset, tolerance=tolerance, absolute=absolute,
-                          lower_is_better=lower_is_better, max_evals=max_evals, time_budget=time_budget,
-                          device=device, thorough=thorough, rank=rank)
-    ranks = join_ranks(click.get_current_context(), device)  # before the user's code (torch.distributed on import)
-    user = load_user_model(model_file, model=model_fn, eval=eval_fn, inputs=inputs_fn)
+    ranks = join_ranks(click.get_current_context(), opts.device)  # before the user's code (torch.distributed on import)
+    user = load_user_model(opts.model, model=opts.build, eval=opts.eval, inputs=opts.inputs)
     render.working("building the model and evaluating the FP32 baseline ...")
-    run = tune_into_folder(user, options, out_dir, resume=resume, overwrite=overwrite,
-                           specs={"build": model_fn, "eval": eval_fn, "inputs": inputs_fn},
-                           on_event=render, started=started, latency=latency, ranks=ranks)
-    return run, ranks, options
+    run = tune_into_folder(user, opts.tune_options(), opts.out, resume=opts.resume, overwrite=opts.overwrite,
+                           specs=opts.specs(), on_event=render, started=started, latency=opts.latency, ranks=ranks)
+    return run, ranks
 
 
 def _summarize(run: Any, options: Any, quiet: bool) -> int:

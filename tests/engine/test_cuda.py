@@ -37,7 +37,7 @@ def test_torch_cuda_preset_matches_torch_autocast(idx):
 def test_tune_on_cuda_planted():
     from tuner.testing import PlantedTask
     from tuner.search.session import tune
-    from tuner.search.types import TuneOptions
+    from tuner.options.tune import TuneOptions
 
     task = PlantedTask(16, 1)
     task.x = task.x.cuda()

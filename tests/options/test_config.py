@@ -9,16 +9,14 @@ import yaml
 
 from mpt_cli import exitcodes
 from mpt_cli.main import main
-from mpt_cli.options import config_schema
-from tuner.options.config import load_config, validate_config
 from tuner.core.errors import ConfigError
+from tuner.options.config import SCHEMA, load_config, validate_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "configs").glob("*.yaml"))
 ASSETS = Path(__file__).parents[1] / "assets"
 
 MODEL = (ASSETS / "valid_model.py").read_text()
-SCHEMA = config_schema(main.commands.values())
 
 
 def write_config(path: Path, text: str) -> Path:

@@ -1,8 +1,12 @@
-"""Options are defined once (cli/options.py): the config schema is derived from the click parameters,
-a config key and its flag mean the same thing, and library errors are rendered with the flag's name."""
+"""Options are defined once, as fields of the library's dataclasses (tuner.options.commands): the CLI's click
+parameters and the config file's schema are derived from them, a config key and its flag mean the same thing,
+and library errors are rendered with the flag's name."""
 from __future__ import annotations
 
+import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import click
@@ -10,67 +14,146 @@ import pytest
 import yaml
 
 from mpt_cli import exitcodes
+from mpt_cli import options as cli_options
 from mpt_cli.main import main
-from mpt_cli.options import PARAMS, config_schema
-from tuner.options.config import check_options, validate_config
 from tuner.core.errors import ConfigError
+from tuner.options import commands, config
+from tuner.options.commands import COMMANDS, CONFIGURED, TuneCommandOptions
+from tuner.options.config import SCHEMA, validate_config
+from tuner.options.fields import Kind, option, option_fields, spec_of
+from tuner.options.tune import TuneOptions
 
 ASSETS = Path(__file__).parents[1] / "assets"
 MODEL = (ASSETS / "valid_model.py").read_text()
-SCHEMA = config_schema(main.commands.values())
-CONFIGURED = [c for c in main.commands.values() if any(p.name == "config_path" for p in c.params)]
+CONFIGURED_COMMANDS = [c for c in main.commands.values() if any(p.name == "config_path" for p in c.params)]
+
+
+def _squeeze(text: str) -> str:
+    return "".join(text.split())
 
 
 def test_every_command_but_presets_takes_a_config():
-    assert sorted(c.name for c in CONFIGURED) == ["check", "inspect", "tune"]
+    assert sorted(c.name for c in CONFIGURED_COMMANDS) == ["check", "inspect", "tune"] == sorted(CONFIGURED)
 
 
-@pytest.mark.parametrize("command", CONFIGURED, ids=lambda c: c.name)
-def test_schema_keys_are_exactly_the_commands_parameters(command):
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_field_is_a_click_parameter_of_its_command(name):
+    """Each field of a command's options class is a parameter of the command, with the same name, kind, choices,
+    default, and nothing else is (but --config and --help)."""
+    command = main.commands[name]
     params = [p for p in command.params if p.name not in ("config_path", "help")]
-    keys = {p.config_key for p in params}
-    assert len(keys) == len(params), "one key per parameter"
-    assert keys == {k for k, key in SCHEMA.items() if command.name in key.commands}
-    for p in params:
-        if isinstance(p, click.Option):  # a key is its flag's long name with underscores
-            assert f"--{p.config_key.replace('_', '-')}" in p.opts, (p.config_key, p.opts)
+    fields = option_fields(COMMANDS[name])
+    assert [p.name for p in params] == [f.name for f in fields]
+    for p, f in zip(params, fields, strict=True):
+        spec = spec_of(f)
+        assert isinstance(p, click.Argument) == spec.positional, f.name
+        if isinstance(p, click.Option):
+            assert f"--{f.name.replace('_', '-')}" in p.opts, (f.name, p.opts)
+            assert p.is_flag == (spec.kind is Kind.BOOL) and p.multiple == spec.multiple
+            assert p.help == spec.help
+        if spec.kind is Kind.CHOICE:
+            assert tuple(p.type.choices) == spec.choices
+        elif spec.kind is Kind.INT:
+            assert p.type is click.INT
+        elif spec.kind is Kind.NUMBER:
+            assert p.type is click.FLOAT
+        assert p.default == (None if spec.multiple else f.default), f.name
+        assert p.metavar == spec.metavar or spec.kind is Kind.BOOL
 
 
-def test_schema_kinds_come_from_the_click_types():
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_help_shows_every_fields_help(runner, name):
+    res = runner.invoke(main, [name, "--help"])
+    assert res.exit_code == 0
+    for f in dataclasses.fields(COMMANDS[name]):
+        assert _squeeze(spec_of(f).help) in _squeeze(res.output), f.name
+
+
+@pytest.mark.parametrize("name", CONFIGURED)
+def test_every_field_is_a_config_key_of_the_same_kind(name):
+    for f in dataclasses.fields(COMMANDS[name]):
+        spec, key = spec_of(f), SCHEMA[f.name]
+        assert name in key.commands
+        assert (key.kind, key.choices, key.minimum, key.exclusive_min) == \
+            (spec.kind, spec.choices, spec.minimum, spec.exclusive_min), f.name
+    assert {k for k, key in SCHEMA.items() if name in key.commands} == \
+        {f.name for f in dataclasses.fields(COMMANDS[name])}
+
+
+def test_schema_kinds_come_from_the_fields():
     assert SCHEMA["model"].kind == "model-file" and SCHEMA["build"].kind == "function"
     assert SCHEMA["max_evals"].kind == "int" and SCHEMA["max_evals"].minimum == 3
     assert SCHEMA["time_budget"].kind == "number" and SCHEMA["time_budget"].exclusive_min
     assert SCHEMA["device"].choices == ("cpu", "cuda") and SCHEMA["resume"].kind == "bool"
+    assert SCHEMA["dtype"].choices == ("bf16", "fp16", "bfloat16", "float16", "half")
     assert SCHEMA["out"].kind == "path" and SCHEMA["out"].commands == {"tune", "check"}
     assert SCHEMA["model"].commands == {"tune", "inspect", "check"}
     assert "version" not in SCHEMA and "config" not in SCHEMA and "lists_only" not in SCHEMA
 
 
-def test_each_option_is_defined_once():
-    keys = [p.key for p in PARAMS]
-    assert len(keys) == len(set(keys))
+def test_a_key_has_one_kind_in_every_command():
+    assert config.schema() == dict(SCHEMA)  # schema() refuses a key with two kinds
 
 
-@pytest.mark.parametrize("command", ["tune", "inspect", "check", "presets"])
-def test_every_option_has_help(runner, command):
-    for p in main.commands[command].params:
-        if isinstance(p, click.Option):
-            assert p.help, f"{command} {p.opts} has no help"
-    if command != "presets" and command != "inspect":
-        res = runner.invoke(main, [command, "--help"])
-        assert "--device" in res.output and "Where to run the model" in res.output
+def test_adding_an_option_is_one_field(monkeypatch, runner, tmp_path):
+    """A new field on the tune options is a flag of `mpt tune` (with its help and bound) and a config key."""
+
+    @dataclasses.dataclass(frozen=True)
+    class WithKnob(TuneCommandOptions):
+        knob: int | None = option(None, "A new knob for the search.", Kind.INT, minimum=2, metavar="N")
+
+    monkeypatch.setitem(COMMANDS, "tune", WithKnob)
+    seen: list[TuneCommandOptions] = []
+
+    @click.command("tune")
+    @cli_options.options("tune")
+    def tune(**values):
+        seen.append(cli_options.command_options(values))
+
+    res = runner.invoke(tune, ["--help"])
+    assert "--knob N" in res.output and "A new knob for the search." in res.output
+    assert runner.invoke(tune, ["m.py", "--knob", "5"]).exit_code == 0
+    assert seen[-1].knob == 5 and seen[-1].model == "m.py"
+    with pytest.raises(ConfigError, match="knob: expected an integer >= 2, found 1"):
+        WithKnob(model="m.py", knob=1)
+    schema = config.schema()
+    assert schema["knob"].kind == "int" and schema["knob"].minimum == 2 and schema["knob"].commands == {"tune"}
+    assert validate_config({"version": 1, "knob": 4}, schema) == {"knob": 4}
+
+
+def test_the_options_import_no_torch():
+    """`mpt` checks its options before it imports torch (its first line comes first)."""
+    code = ("import sys; import mpt_cli.main; from tuner.options.commands import TuneCommandOptions; "
+            "import tuner.options.config; TuneCommandOptions(model='m.py', dtype='fp16', preset='hmp'); "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_model_and_build_mean_the_same_everywhere():
     tune, check = main.commands["tune"], main.commands["check"]
-    assert [p.config_key for p in tune.params if isinstance(p, click.Argument)] == ["model"]
-    assert [p.config_key for p in check.params if isinstance(p, click.Argument)] == ["out"]
-    model_option = next(p for p in check.params if p.name == "model_file")
+    assert [p.name for p in tune.params if isinstance(p, click.Argument)] == ["model"]
+    assert [p.name for p in check.params if isinstance(p, click.Argument)] == ["out"]
+    model_option = next(p for p in check.params if p.name == "model")
     assert model_option.opts == ["--model"]
     for command in main.commands.values():
         assert not any("--model-file" in getattr(p, "opts", ()) for p in command.params)
-        build = [p for p in command.params if getattr(p, "config_key", None) == "build"]
+        build = [p for p in command.params if p.name == "build"]
         assert command.name == "presets" or build[0].opts == ["--build"]
+
+
+def test_library_options_validate_once_with_one_wording():
+    with pytest.raises(ConfigError) as info:
+        TuneOptions(tolerance=2)
+    assert info.value.errors == ["tolerance: a relative tolerance must be below 1 (0.01 = 1%), found 2; "
+                                 "set `absolute` for an absolute drop"]
+    assert TuneOptions(tolerance=2, absolute=True).tolerance == 2
+    assert TuneOptions(dtype="bfloat16").dtype == "bf16" and TuneOptions(device="cuda").preset == "torch-cuda"
+    with pytest.raises(ConfigError) as info:
+        TuneCommandOptions(model="m.py", resume=True, overwrite=True)
+    assert info.value.errors == ["resume and overwrite: give one of them, not both"]
+    assert commands.InspectOptions(model="m.py", module={"a.b": "fp32"}).modules() == {"a.b": "fp32"}
+    with pytest.raises(ConfigError, match="give `preset` or `plan`, not both"):
+        commands.InspectOptions(model="m.py", preset="hmp", plan="p.yaml")
 
 
 # --- a config key and its flag give the same result ------------------------------------------------------------
@@ -123,7 +206,7 @@ def test_rules_over_several_options_name_the_flags(runner, tmp_path, model):
 
 def test_the_library_speaks_keys():
     with pytest.raises(ConfigError) as info:
-        check_options({"max_evals": 1, "tolerance": 5.0, "absolute": False}, SCHEMA)
+        TuneCommandOptions(model="m.py", max_evals=1, tolerance=5.0, absolute=False)
     assert info.value.fields == ("max_evals", "tolerance")
     assert info.value.errors[0] == "max_evals: expected an integer >= 3, found 1"
     assert "set `absolute`" in info.value.errors[1]

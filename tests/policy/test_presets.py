@@ -16,7 +16,8 @@ import torch
 import yaml
 
 from tuner.policy.opnames import ALIASES, known_op_names
-from tuner.policy.presets import Policy, load_preset, preset_names
+from tuner.policy.presetfiles import preset_names
+from tuner.policy.presets import Policy, load_preset
 from tuner.policy.rules import Rule
 
 REPO = Path(__file__).resolve().parents[2]

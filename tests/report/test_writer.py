@@ -22,7 +22,8 @@ from tuner.report.writer import compare_latency, write_outputs
 from tuner.policy.plan import OpInstance, Plan
 from tuner.jobs.tune_run import tune_into_folder
 from tuner.testing import PlantedTask
-from tuner.search.types import TuneOptions, TuneResult, TuneStatus
+from tuner.options.tune import TuneOptions
+from tuner.search.types import TuneResult, TuneStatus
 
 COUNTED = str(Path(__file__).parents[1] / "assets" / "counted_model.py")
 

@@ -12,7 +12,8 @@ from tuner.workspace.journal import Journal, RunFingerprint
 from tuner.search.noise import Acceptance
 from tuner.search.strategy import PrecisionSearch, gap_index
 from tuner.testing import PlantedTask
-from tuner.search.types import StopReason, TuneOptions, TuneStatus
+from tuner.options.tune import TuneOptions
+from tuner.search.types import StopReason, TuneStatus
 from tuner.search.session import tune
 
 

@@ -21,7 +21,7 @@ from tuner.policy.presets import load_preset
 from tuner.search.candidates import Candidates, find_candidates
 from tuner.search.plans import no_op_overrides, plan_for
 from tuner.search.session import tune
-from tuner.search.types import TuneOptions
+from tuner.options.tune import TuneOptions
 from tuner.workspace.journal import Journal, RunFingerprint
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,8 +17,22 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from tuner.core.devices import check_device
 from tuner.core.errors import ConfigError, OutputError, PlanMismatchError, UserCodeError
+from tuner.core.fileio import atomic_write_text
 from tuner.core.inputs import ModelInputs
+from tuner.core.loader import UserModel, call_forward, load_user_model
+from tuner.engine.attach import attach
+from tuner.engine.function_mode import PrecisionEngine
+from tuner.options.commands import CheckOptions
+from tuner.options.shared import tolerance_problem
+from tuner.options.tune import TuneOptions
+from tuner.policy.plan import Plan
+from tuner.report.checkpoint import load
+from tuner.search.noise import Acceptance, Baseline, measure_baseline
+from tuner.workspace.modelref import resolve_model_ref
 
 __all__ = ["CheckResult", "check_plan", "plan_location", "junit_xml", "write_junit"]
 
@@ -102,7 +116,7 @@ def plan_location(plan: str | Path) -> tuple[Path, Path]:
     return path, plan_file
 
 
-def _check_modules(model: Any, plan: Any) -> None:
+def _check_modules(model: Any, plan: Plan) -> None:
     """The plan's module paths must exist in the model (globs excepted)."""
     names = {name for name, _ in model.named_modules()}
     missing = sorted({i.module for i in plan.fp32_instances if i.module not in names and i.module != "-"})
@@ -113,13 +127,8 @@ def _check_modules(model: Any, plan: Any) -> None:
                                 "(was the model changed? re-run mpt tune)")
 
 
-def _unused_instances(model: Any, plan: Any, inputs: ModelInputs) -> list[str]:
+def _unused_instances(model: Any, plan: Plan, inputs: ModelInputs) -> list[str]:
     """Plan instances the model no longer calls on example_inputs (a sign the plan is stale)."""
-    import torch
-
-    from tuner.core.loader import call_forward
-    from tuner.engine.function_mode import PrecisionEngine
-
     seen: set[tuple[str, str, int]] = set()
 
     def record(d: Any, *rest: Any) -> None:
@@ -134,64 +143,38 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _user_specs(plan: Any, plan_file: Path, model: str | None,
-                given: dict[str, str | None]) -> tuple[str, dict[str, str | None]]:
+def _user_specs(plan: Plan, plan_file: Path, options: CheckOptions) -> tuple[str, dict[str, str | None]]:
     """The model file and function specs: the caller's, else those the plan records (relative to its folder)."""
-    from tuner.workspace.modelref import resolve_model_ref
-
+    given = options.specs()
     if plan.model is None:
-        if model is None:
+        if options.model is None:
             raise ConfigError(f"model: {plan_file} does not record which model it was tuned for; give the model file",
                               fields=("model",))
-        return model, given
-    unused = {role: None for role, spec in given.items() if spec is not None}  # the caller's win: not resolved
-    model_file, *recorded = resolve_model_ref(replace(plan.model, **unused), plan_file.parent, file=model)
-    return model_file, {role: spec if spec is not None else rec for (role, spec), rec in zip(given.items(), recorded, strict=False)}
+        return options.model, given
+    unused: dict[str, Any] = {role: None for role, spec in given.items() if spec is not None}  # the caller's win
+    model_file, *recorded = resolve_model_ref(replace(plan.model, **unused), plan_file.parent, file=options.model)
+    return model_file, {role: spec if spec is not None else rec
+                        for (role, spec), rec in zip(given.items(), recorded, strict=False)}
 
 
-def check_plan(plan: str | Path, model: str | None = None, *, build: str | None = None,
-               eval: str | None = None, inputs: str | None = None, device: str = "cpu",  # noqa: A002
-               checkpoint: bool = False, tolerance: float | None = None) -> CheckResult:
-    """Re-evaluate the plan in `plan` (a `mpt tune` output folder, or a plan.yaml) on the model as it is now.
-
-    `model` (MODEL.py[:build_fn]) and the `build`/`eval`/`inputs` specs
-    default to those the plan records (`Plan.model`); a plan that records
-    none needs `model`. `tolerance` defaults to the plan's own.
-
-    Raises ConfigError (bad folder, plan or options), PlanMismatchError (the
-    plan or checkpoint was made for another model), DeviceError or UserCodeError.
-    """
-    from tuner.core.devices import check_device
-    from tuner.core.loader import load_user_model
-    from tuner.engine.attach import attach
-    from tuner.options.config import tolerance_problem
-    from tuner.policy.plan import Plan
-    from tuner.search.noise import Acceptance, measure_baseline
-    from tuner.search.types import TuneOptions
-
-    t0 = time.monotonic()
-    folder, plan_file = plan_location(plan)
-    loaded = Plan.load(plan_file)
-    model_file, specs = _user_specs(loaded, plan_file, model, {"build": build, "eval": eval, "inputs": inputs})
-    metrics = dict(loaded.metrics or {})
-    absolute = bool(metrics.get("absolute", False))
+def _tolerance(options: CheckOptions, metrics: dict[str, Any], plan_file: Path) -> float:
+    """The caller's tolerance, else the plan's; a relative one must be below 1 (the rule `mpt tune` obeys)."""
+    tolerance = options.tolerance if options.tolerance is not None else _number(metrics.get("tolerance"))
     if tolerance is None:
-        tolerance = _number(metrics.get("tolerance"))
-        if tolerance is None:
-            raise ConfigError(f"tolerance: {plan_file} records no tolerance (metrics.tolerance); give one",
-                              fields=("tolerance",))
-    problem = tolerance_problem(tolerance, absolute)
+        raise ConfigError(f"tolerance: {plan_file} records no tolerance (metrics.tolerance); give one",
+                          fields=("tolerance",))
+    problem = tolerance_problem(tolerance, bool(metrics.get("absolute", False)))
     if problem:
         raise ConfigError(problem, fields=("tolerance",))
-    options = TuneOptions(dtype=loaded.dtype, preset=loaded.preset, tolerance=tolerance, absolute=absolute,
-                          lower_is_better=bool(metrics.get("lower_is_better", False)), device=device)
-    check_device(device, loaded.dtype)
+    return tolerance
 
-    user = load_user_model(model_file, model=specs["build"], eval=specs["eval"], inputs=specs["inputs"])
+
+def _fp32_baseline(user: UserModel, plan: Plan, folder: Path, device: str) -> Baseline:
+    """The FP32 baseline of the model as it is built now (which must still fit the plan); the model is freed after."""
     fp32_model = user.build().to(device).eval()
-    if loaded.model is not None:
-        loaded.model.check_structure(fp32_model, what=f"the plan in {folder}")
-    _check_modules(fp32_model, loaded)
+    if plan.model is not None:
+        plan.model.check_structure(fp32_model, what=f"the plan in {folder}")
+    _check_modules(fp32_model, plan)
 
     def evaluate_fp32() -> float:
         value = user.evaluate(fp32_model)
@@ -199,35 +182,64 @@ def check_plan(plan: str | Path, model: str | None = None, *, build: str | None 
             raise UserCodeError(f"evaluate returned {value} for the FP32 model; the baseline must be finite")
         return value
 
-    baseline = measure_baseline(evaluate_fp32)
-    del fp32_model
-    target = options.target(baseline.value)
-    margin = max(_number(metrics.get("noise")) or 0.0, baseline.spread)
+    return measure_baseline(evaluate_fp32)
 
-    tuned = user.build().to(device).eval()
+
+def _planned_metric(user: UserModel, plan: Plan, folder: Path, plan_file: Path,
+                    options: CheckOptions) -> tuple[float, list[str]]:
+    """The metric of the model under the plan (or with the stored checkpoint), and warnings about a stale plan."""
+    tuned = user.build().to(options.device).eval()
     warnings: list[str] = []
     example = user.example_inputs() if user.inputs_fn is not None else None
     if example is not None:
-        unused = _unused_instances(tuned, loaded, example.to(device))
+        unused = _unused_instances(tuned, plan, example.to(options.device))
         if unused:
             warnings.append(f"the model no longer calls {len(unused)} of the plan's FP32 op instance(s) on "
                             f"example_inputs ({', '.join(unused[:3])}{' ...' if len(unused) > 3 else ''}); "
                             "the plan may be stale")
-    if checkpoint:
-        from tuner.report.checkpoint import load
-
+    if options.checkpoint:
         if plan_file.name != "plan.yaml":
             raise ConfigError("checkpoint: needs the tune output folder (with plan.yaml and model.safetensors)",
                               fields=("checkpoint",))
         load(tuned, folder)
     else:
-        attach(tuned, loaded)
-    metric = user.evaluate(tuned)
+        attach(tuned, plan)
+    return user.evaluate(tuned), warnings
+
+
+def check_plan(options: CheckOptions | str | Path) -> CheckResult:
+    """Re-evaluate the plan in `options.out` (a `mpt tune` output folder, or a plan.yaml) on the model as it is now.
+
+    A path stands for `CheckOptions(out=path)`. The model file
+    (MODEL.py[:build_fn]) and the build/eval/inputs specs default to those
+    the plan records (`Plan.model`); a plan that records none needs
+    `model`. `tolerance` defaults to the plan's own.
+
+    Raises ConfigError (bad folder, plan or options), PlanMismatchError (the
+    plan or checkpoint was made for another model), DeviceError or UserCodeError.
+    """
+    if not isinstance(options, CheckOptions):
+        options = CheckOptions(out=str(options))
+    t0 = time.monotonic()
+    folder, plan_file = plan_location(options.out or "")
+    loaded = Plan.load(plan_file)
+    model_file, specs = _user_specs(loaded, plan_file, options)
+    metrics = dict(loaded.metrics or {})
+    tolerance = _tolerance(options, metrics, plan_file)
+    search = TuneOptions(dtype=loaded.dtype, preset=loaded.preset, tolerance=tolerance,
+                         absolute=bool(metrics.get("absolute", False)),
+                         lower_is_better=bool(metrics.get("lower_is_better", False)), device=options.device)
+    check_device(options.device, loaded.dtype)
+    user = load_user_model(model_file, model=specs["build"], eval=specs["eval"], inputs=specs["inputs"])
+    baseline = _fp32_baseline(user, loaded, folder, options.device)
+    target = search.target(baseline.value)
+    margin = max(_number(metrics.get("noise")) or 0.0, baseline.spread)
+    metric, warnings = _planned_metric(user, loaded, folder, plan_file, options)
     return CheckResult(
-        passed=Acceptance(target, margin, options.lower_is_better).holds(metric), metric=metric,
-        baseline=baseline.value, target=target, tolerance=float(tolerance), absolute=absolute,
-        lower_is_better=options.lower_is_better, plan=str(plan_file), model=str(user.path), dtype=loaded.dtype,
-        preset=loaded.preset, weights="checkpoint" if checkpoint else "fresh", spread=baseline.spread,
+        passed=Acceptance(target, margin, search.lower_is_better).holds(metric), metric=metric,
+        baseline=baseline.value, target=target, tolerance=float(tolerance), absolute=search.absolute,
+        lower_is_better=search.lower_is_better, plan=str(plan_file), model=str(user.path), dtype=loaded.dtype,
+        preset=loaded.preset, weights="checkpoint" if options.checkpoint else "fresh", spread=baseline.spread,
         margin=margin, tuned_baseline=_number(metrics.get("baseline")), tuned_metric=_number(metrics.get("tuned")),
         seconds=time.monotonic() - t0, warnings=tuple(warnings))
 
@@ -253,8 +265,6 @@ def junit_xml(name: str, *, seconds: float, failure: str | None = None, error: s
 
 def write_junit(path: str | Path, text: str) -> None:
     """Write a JUnit report atomically, creating its folder."""
-    from tuner.core.fileio import atomic_write_text
-
     target = Path(path)
     if target.is_dir():
         raise ConfigError(f"junit: {path} is a folder; give a file name such as {target / 'mpt-check.xml'}",

@@ -16,10 +16,11 @@ from tuner.core.devices import check_device
 from tuner.core.errors import Interrupted
 from tuner.core.fingerprint import source_digest
 from tuner.core.loader import UserModel
+from tuner.options.tune import TuneOptions
 from tuner.report.writer import OUTPUT_FILES, write_outputs
 from tuner.search.distributed import Ranks, SharedJournal
 from tuner.search.session import TuneSession
-from tuner.search.types import StopReason, TuneEvent, TuneOptions, TuneResult, TuneStatus
+from tuner.search.types import StopReason, TuneEvent, TuneResult, TuneStatus
 from tuner.workspace.folder import OutputFolder
 from tuner.workspace.journal import JOURNAL_NAME, Journal, RunFingerprint
 from tuner.workspace.keeper import ModelKeeper

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from tuner.core.dtypes import LOWER_DTYPES, parse_dtype, short_name
+from tuner.core.dtypes import LOWER_NAMES, parse_dtype, short_name
 from tuner.core.inputs import ModelInputs, float_leaves, map_tensors
 from tuner.core.loader import call_forward
 from tuner.engine.attach import PolicyLike, as_plan, autocast
@@ -32,7 +32,7 @@ from tuner.measure.flops import first_tensor, op_flops
 from tuner.policy.opnames import is_neutral
 from tuner.policy.rules import Rule
 
-_LOWER_NAMES = {short_name(d) for d in LOWER_DTYPES}
+_LOWER_NAMES = set(LOWER_NAMES)
 Key = tuple[str, str, int]  # an op call: module path, op name, call index
 
 

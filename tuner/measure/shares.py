@@ -24,11 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.core.dtypes import LOWER_DTYPES, short_name
+from tuner.core.dtypes import LOWER_NAMES
 from tuner.engine.function_mode import Decision
 from tuner.measure.flops import op_flops
 
-_LOWER_NAMES = frozenset(short_name(d) for d in LOWER_DTYPES)
+_LOWER_NAMES = frozenset(LOWER_NAMES)
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,13 @@ import dataclasses
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from tuner.core.errors import ConfigError
 from tuner.core.yamlio import check_keys, load_yaml_file, read_text_file
 from tuner.policy.opnames import known_op_names, lookup_names, suggest
+from tuner.policy.presetfiles import preset_file
 from tuner.policy.rules import Rule
 
 UNLISTED_RULES = ("passthrough", "first_input", "fp32")
@@ -186,20 +186,6 @@ def policy_from_dict(data: Any, *, source: str) -> Policy:
     )
 
 
-def _preset_dir() -> Path:
-    try:
-        path = Path(str(resources.files("tuner.configs.presets")))
-        if path.is_dir():
-            return path
-    except (ModuleNotFoundError, TypeError):
-        pass
-    return Path(__file__).resolve().parents[2] / "configs" / "presets"
-
-
-def preset_names() -> list[str]:
-    return sorted(p.stem for p in _preset_dir().glob("*.yaml"))
-
-
 _PRESET_CACHE: dict[str, Policy] = {}
 
 
@@ -207,13 +193,7 @@ def load_preset(name: str) -> Policy:
     """A shipped preset by name (`hmp`, `gaudi`, `xla`, `torch-cpu`...)."""
     if name in _PRESET_CACHE:
         return _PRESET_CACHE[name]
-    path = _preset_dir() / f"{name}.yaml"
-    if not path.is_file():
-        import difflib
-
-        near = difflib.get_close_matches(name, preset_names(), n=3)
-        hint = f"; did you mean {', '.join(near)}?" if near else f"; available: {', '.join(preset_names())}"
-        raise ConfigError(f"unknown preset {name!r}{hint}")
+    path = preset_file(name)
     policy = policy_from_dict(load_yaml_file(path), source=str(path))
     _PRESET_CACHE[name] = policy
     return policy

@@ -1,10 +1,10 @@
 """What the search reads off an engine `Decision`: the one place that knows how a Decision spells a dtype."""
 from __future__ import annotations
 
-from tuner.core.dtypes import LOWER_DTYPES, short_name
+from tuner.core.dtypes import LOWER_NAMES
 from tuner.engine.function_mode import Decision
 
-_LOWER_NAMES = frozenset(short_name(d) for d in LOWER_DTYPES)
+_LOWER_NAMES = frozenset(LOWER_NAMES)
 
 
 def runs_low(decision: Decision) -> bool:

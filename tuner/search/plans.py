@@ -11,11 +11,11 @@ from tuner.core.inputs import ModelInputs
 from tuner.core.loader import call_forward
 from tuner.engine.attach import autocast
 from tuner.engine.function_mode import Decision
+from tuner.options.tune import TuneOptions
 from tuner.policy.plan import OpInstance, Plan
 from tuner.policy.presets import Policy
 from tuner.policy.rules import Rule
 from tuner.search.decisions import inputs_all_fp32
-from tuner.search.types import TuneOptions
 
 # Rules under which an op runs in its inputs' precision: with FP32 inputs an FP32 override changes nothing.
 _FROM_INPUTS = frozenset({Rule.PASSTHROUGH, Rule.FIRST_INPUT, Rule.PROMOTE})

@@ -22,6 +22,7 @@ from tuner.core.errors import ConfigError, Interrupted, UserCodeError
 from tuner.core.inputs import ModelInputs
 from tuner.engine.probe import autocast_failures
 from tuner.measure.ranking import rank_exact, rank_gradient
+from tuner.options.tune import RankMethod, TuneOptions
 from tuner.policy.plan import OpInstance
 from tuner.policy.presets import load_preset
 from tuner.search.candidates import Candidates, find_candidates
@@ -35,11 +36,9 @@ from tuner.search.types import (
     BaselineMeasured,
     CandidatesFound,
     EventKind,
-    RankMethod,
     RankProgress,
     StopReason,
     TuneEvent,
-    TuneOptions,
     TuneResult,
     TuneStatus,
 )

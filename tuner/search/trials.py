@@ -5,13 +5,14 @@ import math
 from collections.abc import Mapping, Sequence
 
 from tuner.core.errors import Interrupted
+from tuner.options.tune import TuneOptions
 from tuner.policy.plan import OpInstance
 from tuner.search.candidates import Candidates
 from tuner.search.evaluator import Evaluator
 from tuner.search.noise import Acceptance, Baseline
 from tuner.search.plans import plan_for
 from tuner.search.strategy import Probe, SearchStopped
-from tuner.search.types import StopReason, Trial, TuneOptions
+from tuner.search.types import StopReason, Trial
 
 
 def trial_label(fp32_idx: frozenset[int], found: Candidates, scores: Mapping[OpInstance, float], dtype: str) -> str:

@@ -1,4 +1,4 @@
-"""`tuner.tune`: what a tune is asked (TuneOptions) and what it answers (TuneResult, Trial, events).
+"""`tuner.tune`: what a tune answers (TuneResult, Trial, events); what it is asked is tuner.options.tune.TuneOptions.
 
 The work itself is `tuner.search.session.TuneSession`: FP32 baseline (with its
 noise) -> candidates -> all-low trial -> ranking -> PrecisionSearch -> a Plan
@@ -7,72 +7,12 @@ confirmed by a full evaluation.
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.core.dtypes import parse_dtype, short_name
-from tuner.core.errors import ConfigError
-from tuner.core.limits import MIN_MAX_EVALS
 from tuner.measure.shares import Shares
+from tuner.options.tune import RankMethod, TuneOptions
 from tuner.policy.plan import OpInstance, Plan
-from tuner.policy.presets import load_preset
-
-DEFAULT_PRESET = {"cpu": "torch-cpu", "cuda": "torch-cuda"}
-
-
-@dataclass(frozen=True)
-class TuneOptions:
-    """What to search for. Validated on construction."""
-
-    dtype: str = "bf16"
-    preset: str | None = None  # None: torch-cpu on CPU, torch-cuda on CUDA
-    tolerance: float = 0.01
-    absolute: bool = False
-    lower_is_better: bool = False
-    max_evals: int | None = None
-    time_budget: float | None = None
-    device: str = "cpu"
-    thorough: bool = False
-    rank: str = "gradient"  # "gradient" (one pass) or "exact" (one forward per op instance)
-
-    def __post_init__(self) -> None:
-        problems = []
-        if self.rank not in {m.value for m in RankMethod}:
-            problems.append(f"rank: expected gradient or exact, found {self.rank!r}")
-        try:
-            object.__setattr__(self, "dtype", short_name(parse_dtype(self.dtype, lower_only=True)))
-        except ValueError as exc:
-            problems.append(f"dtype: {exc}")
-        if self.device not in ("cpu", "cuda"):
-            problems.append(f"device: expected cpu or cuda, found {self.device!r}")
-        if not isinstance(self.tolerance, (int, float)) or isinstance(self.tolerance, bool) or \
-                not math.isfinite(self.tolerance) or self.tolerance < 0:
-            problems.append(f"tolerance: expected a number >= 0, found {self.tolerance!r}")
-        elif not self.absolute and self.tolerance >= 1:
-            problems.append(f"tolerance: a relative tolerance must be below 1 (found {self.tolerance}); "
-                            "use absolute: true for an absolute drop")
-        if self.max_evals is not None and (not isinstance(self.max_evals, int) or self.max_evals < MIN_MAX_EVALS):
-            problems.append(f"max_evals: expected an integer >= {MIN_MAX_EVALS} (the baseline twice + one trial), "
-                            f"found {self.max_evals!r}")
-        if self.time_budget is not None and (not isinstance(self.time_budget, (int, float)) or self.time_budget <= 0):
-            problems.append(f"time_budget: expected seconds > 0, found {self.time_budget!r}")
-        if problems:  # each problem starts with its option's key: the CLI spells it as its flag
-            raise ConfigError(problems, source="tune options", fields=[p.split(":", 1)[0] for p in problems])
-        if self.preset is None:
-            object.__setattr__(self, "preset", DEFAULT_PRESET[self.device])
-        load_preset(self.preset)  # raises ConfigError with suggestions
-
-    def target(self, baseline: float) -> float:
-        return baseline + self.slack(baseline) if self.lower_is_better else baseline - self.slack(baseline)
-
-    def slack(self, baseline: float) -> float:
-        return self.tolerance if self.absolute else self.tolerance * abs(baseline)
-
-    def settings(self) -> dict[str, Any]:
-        """What decides trial outcomes: a journal made with other settings cannot be resumed."""
-        return {"dtype": self.dtype, "preset": self.preset, "tolerance": self.tolerance, "absolute": self.absolute,
-                "lower_is_better": self.lower_is_better, "device": self.device}
 
 
 class TuneStatus(str, enum.Enum):
@@ -101,11 +41,6 @@ class EventKind(str, enum.Enum):
     EVALUATING = "evaluating"  # a full evaluation starts
     TRIAL = "trial"
     DONE = "done"
-
-
-class RankMethod(str, enum.Enum):
-    GRADIENT = "gradient"
-    EXACT = "exact"
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import Any
 
 from tuner.core.errors import ConfigError, OutputError, PlanMismatchError, UserCodeError
 from tuner.core.inputs import ModelInputs
+from tuner.core.output_files import CHECKPOINT_NAME, PLAN_NAME
 
 __all__ = ["CheckResult", "check_plan", "plan_location", "junit_xml", "write_junit"]
 
@@ -96,9 +97,9 @@ def plan_location(plan: str | Path) -> tuple[Path, Path]:
         raise ConfigError(f"plan folder not found: {plan} (the output folder of `mpt tune`)")
     if not path.is_dir():
         raise ConfigError(f"{plan} is not a folder or a plan .yaml file")
-    plan_file = path / "plan.yaml"
+    plan_file = path / PLAN_NAME
     if not plan_file.is_file():
-        raise ConfigError(f"no plan.yaml in {plan}; run `mpt tune` with this output folder first")
+        raise ConfigError(f"no {PLAN_NAME} in {plan}; run `mpt tune` with this output folder first")
     return path, plan_file
 
 
@@ -216,8 +217,8 @@ def check_plan(plan: str | Path, model: str | None = None, *, build: str | None 
     if checkpoint:
         from tuner.report.checkpoint import load
 
-        if plan_file.name != "plan.yaml":
-            raise ConfigError("checkpoint: needs the tune output folder (with plan.yaml and model.safetensors)",
+        if plan_file.name != PLAN_NAME:
+            raise ConfigError(f"checkpoint: needs the tune output folder (with {PLAN_NAME} and {CHECKPOINT_NAME})",
                               fields=("checkpoint",))
         load(tuned, folder)
     else:

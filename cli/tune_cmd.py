@@ -93,7 +93,7 @@ class _Renderer:
             self.trial(event.trial)
 
     def trial(self, t: Any) -> None:
-        from tuner.report.numbers import fmt_metric
+        from tuner.report.metric_text import fmt_metric
 
         metric = "error" if t.metric is None and not t.baseline else fmt_metric(t.metric)
         verdict = "base" if t.baseline else "pass" if t.passed else "FAIL"

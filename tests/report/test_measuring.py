@@ -36,7 +36,7 @@ def test_measure_report_is_typed_and_matches_the_chosen_trial(tuned):
     chosen = next(t for t in report.trials if t.n == result.chosen)
     assert chosen.shares == report.shares and 0 < report.shares.flop_share <= 1
     assert [t.n for t in report.trials] == [t.n for t in result.trials]
-    assert all(t == u for t, u in zip(report.trials, result.trials) if t.n != result.chosen)
+    assert all(t == u for t, u in zip(report.trials, result.trials, strict=True) if t.n != result.chosen)
     assert report.plan == result.plan and report.plan.model is None  # no model ref given
     assert isinstance(report.execution.path, ExecutionPath)
     assert report.warnings == tuple(result.warnings)

@@ -12,7 +12,7 @@ import pytest
 
 from mpt_cli.main import main
 from tuner.core.output_files import COMMITTED, OUTPUT_FILES
-from tuner.report.numbers import fmt_metric
+from tuner.report.metric_text import fmt_metric
 
 ASSETS = Path(__file__).parents[1] / "assets"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

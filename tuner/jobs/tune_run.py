@@ -1,4 +1,4 @@
-"""A whole `mpt tune` run into an output folder: claim it, fingerprint, journal, search, write outputs.
+"""A whole `mpt tune` run into an output folder: claim it, fingerprint, journal, search, measure, write outputs.
 
 This is what the CLI calls; it only parses options and renders the events and
 the returned `TuneRun`.
@@ -30,6 +30,8 @@ from tuner.workspace.modelref import model_ref_for
 
 @dataclass(frozen=True)
 class TuneRun:
+    """A finished `mpt tune`: the search's result, the folder, and the report as written (renderers' input)."""
+
     result: TuneResult
     out: Path
     report: TuneReport | None  # None: nothing written (interrupted before a plan was confirmed; not rank 0)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tuner.report.numbers import fmt_metric
+from tuner.report.metric_text import fmt_metric
 from tuner.report.outcome import TuneReport
 from tuner.report.verdict import plan_share
 from tuner.search.types import TuneResult, TuneStatus

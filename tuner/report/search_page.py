@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import html
 
-from tuner.report.numbers import fmt_metric
+from tuner.report.metric_text import fmt_metric
 from tuner.report.outcome import TuneReport
 from tuner.report.plot import svg_plot
 from tuner.report.verdict import verdict

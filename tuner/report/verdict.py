@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuner.measure.shares import share_text
-from tuner.report.numbers import fmt_metric
+from tuner.report.metric_text import fmt_metric
 from tuner.report.outcome import TuneReport
 from tuner.search.types import TuneResult, TuneStatus
 

@@ -37,6 +37,10 @@ class CheckpointInfo:
     bytes: int
     fp32_bytes: int  # the same state dict with every floating-point tensor in FP32
 
+    def __post_init__(self) -> None:
+        if min(self.lowered, self.bytes, self.fp32_bytes) < 0:
+            raise ValueError(f"checkpoint info: counts must be >= 0, found {self}")
+
     def to_dict(self) -> dict[str, int]:
         """report.json's `checkpoint`."""
         return {"lowered": self.lowered, "bytes": self.bytes, "fp32_bytes": self.fp32_bytes}

@@ -28,6 +28,10 @@ class Latency:
     tuned_spread: float
     rounds: int
 
+    def __post_init__(self) -> None:
+        if min(self.fp32, self.tuned, self.fp32_spread, self.tuned_spread) < 0 or self.rounds < 1:
+            raise ValueError(f"latency: times and spreads must be >= 0 and rounds >= 1, found {self}")
+
     @property
     def noise(self) -> float:
         """How much slower the tuned side may be and still count as equal: the larger spread, at least 5%."""

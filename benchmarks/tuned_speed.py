@@ -46,7 +46,8 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import tuner  # noqa: E402
-from tuner.report.checkpoint import CHECKPOINT_NAME, load, save_checkpoint  # noqa: E402
+from tuner.core.output_files import CHECKPOINT_NAME, PLAN_NAME  # noqa: E402
+from tuner.report.checkpoint import CheckpointInfo, load, save_checkpoint  # noqa: E402
 from tuner.policy.plan import Plan  # noqa: E402
 from tuner.testing import PlantedTask  # noqa: E402
 from tuner.options.tune import TuneOptions  # noqa: E402
@@ -73,9 +74,9 @@ def example_module(name: str):
     return mod
 
 
-def write_out_dir(model: nn.Module, inputs: tuple, out: Path) -> dict:
+def write_out_dir(model: nn.Module, inputs: tuple, out: Path) -> CheckpointInfo:
     out.mkdir(parents=True, exist_ok=True)
-    PLAN.save(out / "plan.yaml", header="benchmarks/tuned_speed.py: all-bf16 plan")
+    PLAN.save(out / PLAN_NAME, header="benchmarks/tuned_speed.py: all-bf16 plan")
     return save_checkpoint(model, PLAN, inputs, out / CHECKPOINT_NAME)
 
 
@@ -100,10 +101,10 @@ def part_a_b(rounds: int, block: float, tmp: Path) -> tuple[list, list]:
         first_inputs = next(iter(inputs.values()))
         out = tmp / name.replace("/", "_").replace(" ", "_")
         info = write_out_dir(model, first_inputs, out)
-        share = info["bytes"] / info["fp32_bytes"]
+        share = info.bytes / info.fp32_bytes
         n_params = sum(1 for _ in model.named_parameters())
-        size_rows.append([name, f"{info['fp32_bytes'] / 1e6:.3f}", f"{info['bytes'] / 1e6:.3f}", f"{share:.1%}",
-                          f"{info['lowered']}/{n_params}", pass_fail(share <= SIZE_TARGET)])
+        size_rows.append([name, f"{info.fp32_bytes / 1e6:.3f}", f"{info.bytes / 1e6:.3f}", f"{share:.1%}",
+                          f"{info.lowered}/{n_params}", pass_fail(share <= SIZE_TARGET)])
         size_checks.append((name, share))
 
         loaded = load(build().eval(), out)

@@ -110,7 +110,7 @@ class _Renderer:
             self.progress.update(self.task, completed=progress.done)
 
     def trial(self, t: Any) -> None:
-        from tuner.report.writer import fmt_metric
+        from tuner.report.metric_text import fmt_metric
 
         metric = "error" if t.metric is None and not t.baseline else fmt_metric(t.metric)
         verdict = "base" if t.baseline else "pass" if t.passed else "FAIL"
@@ -170,10 +170,11 @@ def _tune(opts: Any, render: _Renderer, started: float) -> tuple[Any, Any]:
 
 def _summarize(run: Any, options: Any, quiet: bool) -> int:
     """The verdict (a short panel on a terminal, plain lines when piped), notes and warnings; the exit code."""
-    from tuner.report.writer import verdict
-    from tuner.search.types import StopReason, TuneStatus
+    from tuner.core.output_files import REPORT_MD_NAME, SEARCH_PAGE_NAME
+    from tuner.report.verdict import verdict
+    from tuner.search.types import StopReason
 
-    result, out = run.result, run.out
+    result, out, report = run.result, run.out, run.report
     if result.stopped is StopReason.INTERRUPTED:
         wrote = (f"wrote the best plan confirmed so far to {out}/ (status: cut short)" if run.wrote_outputs
                  else "no plan was confirmed yet")
@@ -183,17 +184,17 @@ def _summarize(run: Any, options: Any, quiet: bool) -> int:
     for note in result.notes:
         out_console.print(f"note: {note}", markup=False)
     if not quiet:  # after the run: a warning must never come before an error it does not explain
-        for w in run.report["warnings"]:
+        for w in report.warnings:
             warn(w)
-    met = result.status is TuneStatus.MET
-    head, *rest = verdict(result, run.report).split("; ")
-    lat = run.report["latency_ms"]
-    if lat:
-        rest.append(f"forward {lat['tuned']:.2f} ms vs {lat['fp32']:.2f} ms FP32")
+    said = verdict(result, report)
+    met, head, rest = said.met, said.head, list(said.details)
+    if report.latency is not None:
+        rest.append(f"forward {report.latency.text()}")
     if result.stopped:
         rest.append(f"search cut short ({result.stopped.describe(options)})" +
                     (": this is the best confirmed plan so far" if met else ""))
-    rest.append(f"wrote {out}/" + ("" if met else " with the all-FP32 plan") + " (report.md, search.html)")
+    rest.append(f"wrote {out}/" + ("" if met else " with the all-FP32 plan") +
+                f" ({REPORT_MD_NAME}, {SEARCH_PAGE_NAME})")
     if is_tty() and not quiet:
         from rich.panel import Panel
         from rich.text import Text

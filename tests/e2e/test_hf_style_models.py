@@ -14,7 +14,8 @@ from mpt_cli.main import main
 from tuner.measure.inspection import relative_error
 from tuner.core.errors import UserCodeError
 from tuner.core.inputs import ModelInputs
-from tuner.workspace.journal import INPUTS_NAME, Journal, RunFingerprint
+from tuner.core.output_files import INPUTS_NAME
+from tuner.workspace.journal import Journal, RunFingerprint
 from tuner.core.loader import call_forward, load_user_model
 
 KWARGS_MODEL = Path(__file__).parents[1] / "assets" / "kwargs_model.py"

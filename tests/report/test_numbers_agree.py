@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from mpt_cli.main import main
-from tuner.report.writer import COMMITTED, OUTPUT_FILES, fmt_metric
+from tuner.core.output_files import COMMITTED, OUTPUT_FILES
+from tuner.report.metric_text import fmt_metric
 
 ASSETS = Path(__file__).parents[1] / "assets"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

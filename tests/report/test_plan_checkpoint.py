@@ -58,7 +58,7 @@ def test_checkpoint_stores_lowered_params_and_load_reproduces_metric(tmp_path):
     lowered = lowered_parameters(model, plan, task.example_inputs())
     assert "chain.0.weight" in lowered and f"{fragile}.weight" not in lowered
     info = _out_dir(tmp_path, model, plan, task.example_inputs())
-    assert info["lowered"] == len(lowered) and info["bytes"] < info["fp32_bytes"]
+    assert info.lowered == len(lowered) and info.bytes < info.fp32_bytes
     reference = copy.deepcopy(model)
     tuner.attach(reference, plan, engine="python")
     expected = task.evaluate(reference)
@@ -74,7 +74,7 @@ def test_checkpoint_stores_lowered_params_and_load_reproduces_metric(tmp_path):
 def test_all_bf16_checkpoint_is_about_half(tmp_path):
     model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
     info = _out_dir(tmp_path, model, Plan(dtype="bf16", preset="torch-cpu"), (torch.randn(2, 64),))
-    assert info["bytes"] <= 0.52 * info["fp32_bytes"] + 1024  # header bytes
+    assert info.bytes <= 0.52 * info.fp32_bytes + 1024  # header bytes
 
 
 def test_load_rejects_mismatches_and_corruption(tmp_path):

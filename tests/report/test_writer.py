@@ -18,7 +18,9 @@ from tuner.report.checkpoint import load, plan_pass, save_checkpoint
 from tuner.core.fingerprint import sha256_file
 from tuner.core.inputs import ModelInputs
 from tuner.core.loader import load_user_model
-from tuner.report.writer import compare_latency, write_outputs
+from tuner.report.latency import compare_latency
+from tuner.report.measuring import measure_report
+from tuner.report.writer import write_outputs
 from tuner.policy.plan import OpInstance, Plan
 from tuner.jobs.tune_run import tune_into_folder
 from tuner.testing import PlantedTask
@@ -81,11 +83,12 @@ def test_write_outputs_takes_no_builder_and_can_skip_latency(tmp_path):
     task = PlantedTask(8, 1, samples=64)
     model = task.build()
     plan = Plan(dtype="bf16", preset="torch-cpu", fp32_instances=(OpInstance("branches.0", "linear", 0),))
-    report = write_outputs(_result(plan, task.example_inputs()), tmp_path, model=model, latency=False)
-    assert report["latency_ms"] is None
+    result = _result(plan, task.example_inputs())
+    report = write_outputs(result, measure_report(result, model, latency=False), tmp_path, model=model)
+    assert report.latency is None and report.checkpoint is not None and report.plan.checkpoint_sha256
     shares = inspect_model(model, task.example_inputs(), plan, local_errors=False).summary
-    assert report["low_precision_call_share"] == shares.lower_call_share
-    assert report["low_precision_flop_share"] == shares.lower_flop_share
+    assert report.shares.call_share == shares.lower_call_share
+    assert report.shares.flop_share == shares.lower_flop_share
     assert load(task.build(), tmp_path)(task.example_inputs()[0]).shape == (32, 8)
 
 
@@ -98,7 +101,7 @@ def test_latency_rounds_alternate_fp32_and_tuned_on_the_same_model():
     model.register_forward_pre_hook(lambda m, a: order.append("T" if "forward" in m.__dict__ else "F"))
     lat = compare_latency(model, plan, ModelInputs.of((torch.randn(4, 8),)), min_time=0.0, min_rounds=4)
     assert order == ["F", "T"] * 5  # a warm-up of each, then interleaved rounds
-    assert lat["rounds"] == 4 and lat["speedup"] == pytest.approx(lat["fp32"] / lat["tuned"])
+    assert lat.rounds == 4 and lat.speedup == pytest.approx(lat.fp32 / lat.tuned)
     assert attached(model) is None and "forward" not in model.__dict__  # detached again
 
 
@@ -142,7 +145,7 @@ def test_tied_weights_round_trip_through_save_and_load(tmp_path):
     assert set(lowered) == {"mix.weight", "mix_again.weight"}  # both names of the tied linear weight
     assert "embed.weight" not in lowered and "out.weight" not in lowered  # the embedding reads it in FP32
     info = save_checkpoint(model, plan, (ids,), tmp_path / "model.safetensors")
-    assert info["lowered"] == 2
+    assert info.lowered == 2
     Plan(dtype="bf16", preset="torch-cpu", checkpoint_sha256=sha256_file(tmp_path / "model.safetensors")) \
         .save(tmp_path / "plan.yaml")
     reference = _Tied().eval()

@@ -157,7 +157,7 @@ def test_a_journal_torn_inside_its_header_starts_over(runner, tmp_path, model_py
 @pytest.mark.parametrize("flag", [None, "--resume", "--overwrite"])
 def test_a_second_run_on_a_busy_folder_is_refused(runner, tmp_path, model_py, flag):
     from tuner.workspace.folder import OutputFolder
-    from tuner.report.writer import OUTPUT_FILES
+    from tuner.core.output_files import OUTPUT_FILES
 
     out = tmp_path / "out"
     assert mpt(runner, "tune", model_py, "--out", out, "-q").exit_code == exitcodes.OK

@@ -24,6 +24,7 @@ from tuner.core.errors import ConfigError, OutputError, PlanMismatchError, UserC
 from tuner.core.fileio import atomic_write_text
 from tuner.core.inputs import ModelInputs
 from tuner.core.loader import UserModel, call_forward, load_user_model
+from tuner.core.output_files import CHECKPOINT_NAME, PLAN_NAME
 from tuner.engine.attach import attach
 from tuner.engine.function_mode import PrecisionEngine
 from tuner.options.commands import CheckOptions
@@ -110,9 +111,9 @@ def plan_location(plan: str | Path) -> tuple[Path, Path]:
         raise ConfigError(f"plan folder not found: {plan} (the output folder of `mpt tune`)")
     if not path.is_dir():
         raise ConfigError(f"{plan} is not a folder or a plan .yaml file")
-    plan_file = path / "plan.yaml"
+    plan_file = path / PLAN_NAME
     if not plan_file.is_file():
-        raise ConfigError(f"no plan.yaml in {plan}; run `mpt tune` with this output folder first")
+        raise ConfigError(f"no {PLAN_NAME} in {plan}; run `mpt tune` with this output folder first")
     return path, plan_file
 
 
@@ -198,8 +199,8 @@ def _planned_metric(user: UserModel, plan: Plan, folder: Path, plan_file: Path,
                             f"example_inputs ({', '.join(unused[:3])}{' ...' if len(unused) > 3 else ''}); "
                             "the plan may be stale")
     if options.checkpoint:
-        if plan_file.name != "plan.yaml":
-            raise ConfigError("checkpoint: needs the tune output folder (with plan.yaml and model.safetensors)",
+        if plan_file.name != PLAN_NAME:
+            raise ConfigError(f"checkpoint: needs the tune output folder (with {PLAN_NAME} and {CHECKPOINT_NAME})",
                               fields=("checkpoint",))
         load(tuned, folder)
     else:

@@ -1,4 +1,4 @@
-"""A whole `mpt tune` run into an output folder: claim it, fingerprint, journal, search, write outputs.
+"""A whole `mpt tune` run into an output folder: claim it, fingerprint, journal, search, measure, write outputs.
 
 This is what the CLI calls; it only parses options and renders the events and
 the returned `TuneRun`.
@@ -10,27 +10,32 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from tuner.core.devices import check_device
 from tuner.core.errors import Interrupted
 from tuner.core.fingerprint import source_digest
 from tuner.core.loader import UserModel
+from tuner.core.output_files import JOURNAL_NAME, OUTPUT_FILES
 from tuner.options.tune import TuneOptions
-from tuner.report.writer import OUTPUT_FILES, write_outputs
+from tuner.report.measuring import measure_report
+from tuner.report.outcome import TuneReport
+from tuner.report.writer import withdraw_plan, write_outputs
 from tuner.search.distributed import Ranks, SharedJournal
 from tuner.search.session import TuneSession
 from tuner.search.types import StopReason, TuneEvent, TuneResult, TuneStatus
 from tuner.workspace.folder import OutputFolder
-from tuner.workspace.journal import JOURNAL_NAME, Journal, RunFingerprint
+from tuner.workspace.journal import Journal, RunFingerprint
 from tuner.workspace.keeper import ModelKeeper
+from tuner.workspace.modelref import model_ref_for
 
 
 @dataclass(frozen=True)
 class TuneRun:
+    """A finished `mpt tune`: the search's result, the folder, and the report as written (renderers' input)."""
+
     result: TuneResult
     out: Path
-    report: dict[str, Any] | None  # None: nothing written (interrupted before a plan was confirmed; not rank 0)
+    report: TuneReport | None  # None: nothing written (interrupted before a plan was confirmed; not rank 0)
 
     @property
     def wrote_outputs(self) -> bool:
@@ -65,13 +70,12 @@ def tune_into_folder(user: UserModel, options: TuneOptions, out: str | Path, *, 
         t0 = time.monotonic()
         keeper = ModelKeeper(user.build, options.device)
         build_seconds = time.monotonic() - t0
-        journal: Journal | SharedJournal | None = None
+        kept: Journal | None = None
         if folder is not None:
             fingerprint = RunFingerprint(source=source_digest(user.files or (user.path,)),
                                          weights=keeper.weights_digest, settings=options.settings())
-            journal = Journal(folder.path / JOURNAL_NAME, fingerprint, resume=resume)
-        if ranks.distributed:
-            journal = SharedJournal(journal, ranks)
+            kept = Journal(folder.path / JOURNAL_NAME, fingerprint, resume=resume)
+        journal = SharedJournal(kept, ranks) if ranks.distributed else kept
         inputs = user.example_inputs if user.inputs_fn is not None else None
         session = TuneSession(user.build, user.evaluate, inputs, options, journal=journal, on_event=on_event,
                               started=started, keeper=keeper, ranks=ranks)
@@ -83,11 +87,10 @@ def tune_into_folder(user: UserModel, options: TuneOptions, out: str | Path, *, 
             raise Interrupted()  # the other ranks may be anywhere: stop them all (journal kept)
         if (result.stopped is StopReason.INTERRUPTED and result.status is not TuneStatus.MET) or folder is None:
             return TuneRun(result, path, None)
-        from tuner.workspace.modelref import model_ref_for
-
         given = dict(specs or {})
         ref = model_ref_for(user, folder.path, build=given.get("build"), eval=given.get("eval"),
                             inputs=given.get("inputs"), model=keeper.model, weights=keeper.weights_digest)
-        report = write_outputs(result, folder.path, model=keeper.model, model_ref=ref, device=options.device,
-                               latency=latency)
+        withdraw_plan(folder.path)  # an interrupt while measuring leaves no plan.yaml, as one while writing
+        report = measure_report(result, keeper.model, model_ref=ref, device=options.device, latency=latency)
+        report = write_outputs(result, report, folder.path, model=keeper.model)
         return TuneRun(result, folder.path, report)

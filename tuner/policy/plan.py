@@ -19,6 +19,7 @@ import yaml
 from tuner.core.dtypes import parse_dtype, short_name
 from tuner.core.errors import ConfigError
 from tuner.core.fileio import atomic_write_text
+from tuner.core.output_files import PLAN_NAME
 from tuner.core.yamlio import check_keys, load_yaml_file
 from tuner.policy.presets import Policy, check_op_names, load_preset
 
@@ -252,7 +253,8 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
+        """Read a plan file, or the plan of a `mpt tune` output folder."""
         path = Path(path)
         if path.is_dir():
-            path = path / "plan.yaml"
+            path = path / PLAN_NAME
         return cls.from_dict(load_yaml_file(path), source=str(path))

@@ -22,12 +22,28 @@ from tuner.core.errors import PlanMismatchError
 from tuner.core.fileio import atomic_write
 from tuner.core.fingerprint import sha256_file
 from tuner.core.inputs import ModelInputs
+from tuner.core.output_files import CHECKPOINT_NAME, PLAN_NAME
 from tuner.engine.attach import attach, check_plan_fits
 from tuner.engine.function_mode import Decision, PrecisionEngine
 from tuner.measure.shares import ShareCounter, Shares
 from tuner.policy.plan import Plan
 
-CHECKPOINT_NAME = "model.safetensors"
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What `save_checkpoint` wrote: how many parameters it stored lowered, and its size against FP32."""
+
+    lowered: int
+    bytes: int
+    fp32_bytes: int  # the same state dict with every floating-point tensor in FP32
+
+    def __post_init__(self) -> None:
+        if min(self.lowered, self.bytes, self.fp32_bytes) < 0:
+            raise ValueError(f"checkpoint info: counts must be >= 0, found {self}")
+
+    def to_dict(self) -> dict[str, int]:
+        """report.json's `checkpoint`."""
+        return {"lowered": self.lowered, "bytes": self.bytes, "fp32_bytes": self.fp32_bytes}
 
 
 @dataclass(frozen=True)
@@ -58,7 +74,8 @@ def plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> Plan
         counter.add(d, args, kwargs, out)
         pairs = list(zip(raw_args, args, strict=False)) + [(raw_kwargs[k], kwargs.get(k)) for k in raw_kwargs]
         for raw, cast in pairs:
-            items = zip(raw, cast, strict=False) if isinstance(raw, (list, tuple)) and isinstance(cast, (list, tuple)) else [(raw, cast)]
+            nested = isinstance(raw, (list, tuple)) and isinstance(cast, (list, tuple))
+            items = zip(raw, cast, strict=False) if nested else [(raw, cast)]
             for r, c in items:
                 if isinstance(r, nn.Parameter) and id(r) in names:
                     seen.setdefault(id(r), set()).add(c.dtype if isinstance(c, Tensor) and c is not r else None)
@@ -77,8 +94,8 @@ def lowered_parameters(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple
 
 
 def save_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, path: str | Path, *,
-                    lowered: Mapping[str, torch.dtype] | None = None) -> dict[str, Any]:
-    """Write the converted state dict; returns {"lowered": n, "bytes": size, "fp32_bytes": size in FP32}.
+                    lowered: Mapping[str, torch.dtype] | None = None) -> CheckpointInfo:
+    """Write the converted state dict; returns how many parameters it lowered and its size.
 
     No copy of the model is made: FP32 tensors are written from the model's
     own storage (only a non-contiguous tensor, a second name of a tied weight
@@ -99,7 +116,7 @@ def save_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, p
         tensors[name] = _unaliased(t.contiguous().cpu(), spans)
     meta = {"format": "pt", "mpt_plan_dtype": plan.dtype, "mpt_lowered": json.dumps(sorted(lowered))}
     atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
-    return {"lowered": len(lowered), "bytes": Path(path).stat().st_size, "fp32_bytes": fp32_bytes}
+    return CheckpointInfo(lowered=len(lowered), bytes=Path(path).stat().st_size, fp32_bytes=fp32_bytes)
 
 
 def _unaliased(t: Tensor, spans: dict[tuple[str, int], list[tuple[int, int]]]) -> Tensor:
@@ -134,13 +151,13 @@ def load(model: nn.Module, directory: str | Path, *, engine: str = "auto") -> nn
     checkpoint does not fit the model; the model is left untouched then.
     """
     directory = Path(directory)
-    plan = Plan.load(directory / "plan.yaml")
+    plan = Plan.load(directory / PLAN_NAME)
     check_plan_fits(plan, model)
     ckpt = directory / CHECKPOINT_NAME
     if not ckpt.is_file():
         raise PlanMismatchError(f"no {CHECKPOINT_NAME} in {directory}")
     if plan.checkpoint_sha256 and sha256_file(ckpt) != plan.checkpoint_sha256:
-        raise PlanMismatchError(f"{CHECKPOINT_NAME} does not match plan.yaml: its sha256 differs (corrupted or "
+        raise PlanMismatchError(f"{CHECKPOINT_NAME} does not match {PLAN_NAME}: its sha256 differs (corrupted or "
                                 f"replaced) in {directory}")
     try:
         tensors = load_file(str(ckpt))

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.core.errors import ConfigError, OutputFolderBusy
-
-LOCK_NAME = ".mpt.lock"
+from tuner.core.output_files import LOCK_NAME
 
 try:
     import fcntl

@@ -25,10 +25,9 @@ import torch
 from tuner.core.errors import ConfigError
 from tuner.core.fileio import atomic_write
 from tuner.core.inputs import ModelInputs
+from tuner.core.output_files import INPUTS_NAME
 from tuner.core.version import __version__
 
-JOURNAL_NAME = "journal.jsonl"
-INPUTS_NAME = "journal-inputs.safetensors"
 JOURNAL_FORMAT = 2
 # The inputs file's metadata, as JSON: every argument's name in call order, and the non-tensor ones' values.
 _NAMES_KEY, _VALUES_KEY = "names", "values"

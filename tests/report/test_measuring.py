@@ -1,0 +1,79 @@
+"""The report is measured once, typed: measure_report gives a TuneReport, the writer only serializes it, and the
+verdict comes as fields the CLI composes (its sentence is the one search.html states)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from tuner.core.output_files import COMMITTED, PLAN_NAME
+from tuner.engine.native import ExecutionPath
+from tuner.policy.plan import Plan
+from tuner.report.json_report import report_dict
+from tuner.report.measuring import measure_report
+from tuner.report.outcome import TuneReport
+from tuner.report.verdict import Verdict, verdict
+from tuner.report.writer import write_outputs
+from tuner.search.session import tune
+from tuner.search.types import TuneOptions, TuneStatus
+from tuner.testing import PlantedTask
+
+
+@pytest.fixture(scope="module")
+def tuned():
+    task = PlantedTask(8, 1, samples=128)
+    result = tune(task.build, task.evaluate, task.example_inputs, TuneOptions(dtype="bf16"))
+    assert result.status is TuneStatus.MET and result.chosen is not None
+    return task, result
+
+
+def test_measure_report_is_typed_and_matches_the_chosen_trial(tuned):
+    task, result = tuned
+    model = task.build()
+    report = measure_report(result, model, latency=False)
+    assert isinstance(report, TuneReport) and report.latency is None and report.checkpoint is None
+    chosen = next(t for t in report.trials if t.n == result.chosen)
+    assert chosen.shares == report.shares and 0 < report.shares.flop_share <= 1
+    assert [t.n for t in report.trials] == [t.n for t in result.trials]
+    assert all(t == u for t, u in zip(report.trials, result.trials, strict=True) if t.n != result.chosen)
+    assert report.plan == result.plan and report.plan.model is None  # no model ref given
+    assert isinstance(report.execution.path, ExecutionPath)
+    assert report.warnings == tuple(result.warnings)
+    assert all(p.dtype.is_floating_point for p in model.parameters())  # the model is left in FP32
+
+
+def test_measure_report_times_when_asked(tuned):
+    task, result = tuned
+    report = measure_report(result, task.build(), latency=True)
+    assert report.latency is not None and report.latency.rounds >= 3
+    assert report_dict(result, report)["latency_ms"]["order"] == "interleaved"
+
+
+def test_the_writer_serializes_the_measured_report(tuned, tmp_path):
+    task, result = tuned
+    model = task.build()
+    measured = measure_report(result, model, latency=False)
+    written = write_outputs(result, measured, tmp_path, model=model)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(COMMITTED)  # no staging folder left
+    assert written.checkpoint is not None and written.plan.checkpoint_sha256
+    assert written.shares == measured.shares and written.trials == measured.trials
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["plan"] == Plan.load(tmp_path / PLAN_NAME).to_dict() == written.plan.to_dict()
+    assert data["checkpoint"] == written.checkpoint.to_dict()
+    assert data == json.loads(json.dumps(report_dict(result, written), default=str))
+
+
+def test_verdict_is_fields_and_its_sentence(tuned):
+    task, result = tuned
+    report = measure_report(result, task.build(), latency=False)
+    said = verdict(result, report)
+    assert said.met and said.head.startswith("target met: baseline ") and f"trial {result.chosen}" in said.head
+    assert said.details[-1] == f"{result.evals} evaluations"
+    assert str(said) == "; ".join((said.head, *said.details))
+    missed = dataclasses.replace(result, status=TuneStatus.NOT_MET, chosen=None)
+    not_met = verdict(missed, report)
+    assert not not_met.met and not_met.details[0] == "the plan is all FP32"
+    assert str(not_met).startswith("target not met: no plan reached ") and "; the plan is all FP32; " in str(not_met)
+    with pytest.raises(ValueError):
+        Verdict(met=True, head="", details=())

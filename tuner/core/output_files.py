@@ -1,0 +1,25 @@
+"""Every file in a `mpt tune` output folder, named once; every module that reads or writes one uses these names.
+
+The names live in core, not in workspace (the output folder's own package),
+because `Plan.load(folder)` (policy) and `tuner.autocast("mpt-out")` (engine)
+resolve a folder to its plan file, and neither package may import workspace.
+"""
+from __future__ import annotations
+
+PLAN_NAME = "plan.yaml"
+LOWER_OPS_NAME = "lower_precision_ops.txt"
+FP32_OPS_NAME = "fp32_ops.txt"
+CHECKPOINT_NAME = "model.safetensors"
+REPORT_JSON_NAME = "report.json"
+SEARCH_PAGE_NAME = "search.html"
+REPORT_MD_NAME = "report.md"
+JOURNAL_NAME = "journal.jsonl"  # kept across runs for --resume (tuner.workspace.journal)
+INPUTS_NAME = "journal-inputs.safetensors"  # inputs recorded from the first forward call, beside the journal
+LOCK_NAME = ".mpt.lock"  # held while a run uses the folder (tuner.workspace.folder)
+STAGING_NAME = ".mpt-staging"  # the writer's staging folder (STAGING_NAME-<random>), gone once committed
+
+# The outputs a tune writes as a set, in the order they are committed: plan.yaml, the file that claims success, last.
+COMMITTED = (LOWER_OPS_NAME, FP32_OPS_NAME, CHECKPOINT_NAME, REPORT_JSON_NAME, SEARCH_PAGE_NAME, REPORT_MD_NAME,
+             PLAN_NAME)
+# Everything a run leaves that makes the folder "hold a run" (refused without resume/overwrite; overwrite removes it).
+OUTPUT_FILES = COMMITTED + (JOURNAL_NAME, INPUTS_NAME)

@@ -1,0 +1,59 @@
+"""report.json: the whole outcome for scripts; it embeds the plan's own dict, so the two cannot disagree."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tuner.engine.native import Execution
+from tuner.report.outcome import TuneReport
+from tuner.search.types import Trial, TuneResult
+
+REPORT_VERSION = 1
+
+
+def report_json(result: TuneResult, report: TuneReport) -> str:
+    """The text of report.json."""
+    return json.dumps(report_dict(result, report), indent=1, default=str) + "\n"
+
+
+def report_dict(result: TuneResult, report: TuneReport) -> dict[str, Any]:
+    """report.json's content, keys in the order they are written."""
+    plan = report.plan
+    return {
+        "version": REPORT_VERSION,
+        "status": result.status.value,
+        "stopped": result.stopped.value if result.stopped else None,
+        "dtype": plan.dtype,
+        "preset": plan.preset,
+        "baseline_metric": result.baseline,
+        "noise": result.noise,
+        "target": result.target,
+        "final_metric": result.metric,
+        "evaluations": result.evals,
+        "rebuilds": result.rebuilds,
+        "notes": result.notes,
+        "warnings": list(report.warnings),
+        "candidates": len(result.candidates),
+        "fp32_instances": [i.label() for i in plan.fp32_instances],
+        **report.shares.to_dict(),
+        "chosen_trial": result.chosen,
+        "latency_ms": report.latency.to_dict() if report.latency is not None else None,
+        "checkpoint": report.checkpoint.to_dict() if report.checkpoint is not None else None,
+        "seconds": {"total": result.seconds + report.seconds, "evaluations": result.eval_seconds,
+                    "user_code": result.user_seconds},
+        "scores": result.scores,
+        "plan": plan.to_dict(),
+        "trials": [_trial(t) for t in report.trials],
+        "execution": _execution(report.execution),
+    }
+
+
+def _trial(t: Trial) -> dict[str, Any]:
+    return {"n": t.n, "label": t.label, "fp32": list(t.fp32), "metric": t.metric, "passed": t.passed,
+            "baseline": t.baseline, "seconds": t.seconds, "low_precision_flop_share": t.shares.flop_share,
+            "error": t.error, "from_journal": t.from_journal}
+
+
+def _execution(ex: Execution) -> dict[str, Any]:
+    return {"path": ex.path.value, "summary": ex.describe(), "fp32_islands": list(ex.fp32_islands),
+            "fp32_subtrees": list(ex.fp32_subtrees), "python_modules": list(ex.python_modules)}

@@ -1,0 +1,72 @@
+"""The measuring step of writing a tune's outputs: everything the report needs from the model, once.
+
+One recorded forward under the chosen plan gives the plan's shares and the
+parameters the checkpoint stores lowered (`plan_pass`); the latency is timed
+on the same model with the plan attached and detached in turn; one more
+attach tells how `tuner.load` will run the plan here. The model is the FP32
+model as built and is left as it was (no copy is made).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from torch import nn
+
+from tuner.core.inputs import ModelInputs
+from tuner.engine.attach import attach, attached, detach
+from tuner.engine.native import Execution
+from tuner.policy.plan import ModelRef, Plan
+from tuner.report.checkpoint import plan_pass
+from tuner.report.latency import Latency, compare_latency
+from tuner.report.outcome import TuneReport
+from tuner.search.types import TuneResult, TuneStatus
+
+
+def measure_report(result: TuneResult, model: nn.Module, *, model_ref: ModelRef | None = None, device: str = "cpu",
+                   latency: bool = True) -> TuneReport:
+    """The TuneReport of `result`'s plan on `model` (see the module docstring); nothing is written.
+
+    `model_ref` is the model the plan was made for, recorded in the plan.
+    `latency=False` skips the timing (`latency` is None, report.json's `latency_ms` null).
+    """
+    t0 = time.monotonic()
+    inputs = ModelInputs() if result.inputs is None else ModelInputs.of(result.inputs)
+    planned = plan_pass(model, result.plan, inputs)
+    plan = dataclasses.replace(result.plan, model=model_ref)
+    warnings = list(result.warnings)
+    timing = _latency(model, result, inputs, device, warnings) if latency else None
+    # the chosen trial's shares as measured under the final plan: the same numbers as the summary's
+    trials = tuple(dataclasses.replace(t, shares=planned.shares) if t.n == result.chosen else t
+                   for t in result.trials)
+    execution = _execution(model, plan)
+    return TuneReport(plan=plan, shares=planned.shares, trials=trials, latency=timing, execution=execution,
+                      warnings=tuple(warnings), lowered=planned.lowered, seconds=time.monotonic() - t0)
+
+
+def _execution(model: nn.Module, plan: Plan) -> Execution:
+    """How `tuner.load` will run this plan on this machine (native, scoped or python), from one attach."""
+    attach(model, plan)
+    try:
+        ex = attached(model)
+    finally:
+        detach(model)
+    assert ex is not None
+    return ex
+
+
+def _latency(model: nn.Module, result: TuneResult, inputs: ModelInputs, device: str,
+             warnings: list[str]) -> Latency | None:
+    """compare_latency for the report, and the warnings it calls for (None when the tuned model raised)."""
+    try:
+        timing = compare_latency(model, result.plan, inputs, device=device)
+    except Exception as exc:  # noqa: BLE001 - the outputs are still worth writing; say why there is no timing
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        warnings.append(f"the tuned model raised when run the way tuner.load runs it, so it was not timed: "
+                        f"{type(exc).__name__}: {first}")
+        return None
+    if timing.slower and result.status is TuneStatus.MET:  # not met: the plan is all FP32
+        warnings.append(f"the tuned model ran slower than FP32 on {device} ({timing.tuned:.2f} ms vs "
+                        f"{timing.fp32:.2f} ms per forward on example_inputs): {result.plan.dtype} does not pay "
+                        "off here (slow lower-precision kernels, or a model too small for casts to be worth it)")
+    return timing

@@ -1,0 +1,57 @@
+"""The one-sentence outcome of a tune, as fields: what search.html states and the CLI's summary is made of."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuner.measure.shares import share_text
+from tuner.report.metric_text import fmt_metric
+from tuner.report.outcome import TuneReport
+from tuner.search.types import TuneResult, TuneStatus
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """`head` (target met or not, and the metrics) and `details` (share, FP32 instances, evaluations).
+
+    `str(verdict)` is the sentence: the parts joined by "; ". The CLI shows
+    the head as a panel's title line and each detail on a line of its own.
+    """
+
+    met: bool
+    head: str
+    details: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "details", tuple(self.details))
+        if not self.head:
+            raise ValueError("a verdict needs a head")
+
+    def __str__(self) -> str:
+        return "; ".join((self.head, *self.details))
+
+
+def plan_share(report: TuneReport) -> str:
+    """The plan's lower-precision share, as every summary writes it (tuner.measure.shares)."""
+    return share_text(report.shares.flop_share, report.shares.call_share, report.plan.dtype)
+
+
+def verdict(result: TuneResult, report: TuneReport) -> Verdict:
+    """Met or not, baseline -> tuned vs target, the share, the FP32 instances, the evaluations."""
+    met = result.status is TuneStatus.MET
+    if met:
+        head = (f"target met: baseline {fmt_metric(result.baseline)} -> tuned {fmt_metric(result.metric)} "
+                f"(target {fmt_metric(result.target)}), trial {result.chosen}")
+        first: tuple[str, ...] = ()
+    else:
+        head = f"target not met: no plan reached {fmt_metric(result.target)} (baseline {fmt_metric(result.baseline)})"
+        first = ("the plan is all FP32",)
+    details = (*first, plan_share(report),
+               f"{len(result.plan.fp32_instances)} of {len(result.candidates)} op instances in FP32",
+               f"{result.evals} evaluations")
+    return Verdict(met=met, head=head, details=details)
+
+
+def plan_header(result: TuneResult) -> str:
+    """The status line plan.yaml carries as a comment: status, why it was cut short, the metrics, evaluations."""
+    return (f"status {result.status.value}" + (f", cut short: {result.stopped.value}" if result.stopped else "") +
+            f"; baseline {result.baseline:.6g}, tuned {result.metric}, {result.evals} evaluations")

@@ -62,7 +62,7 @@ class _Renderer:
     def __call__(self, event: Any) -> None:
         if self.quiet:
             return
-        from tuner.search.types import EventKind
+        from tuner.search.results import EventKind
 
         data = event.payload
         if event.kind is EventKind.EVALUATING:
@@ -172,7 +172,7 @@ def _summarize(run: Any, options: Any, quiet: bool) -> int:
     """The verdict (a short panel on a terminal, plain lines when piped), notes and warnings; the exit code."""
     from tuner.core.output_files import REPORT_MD_NAME, SEARCH_PAGE_NAME
     from tuner.report.verdict import verdict
-    from tuner.search.types import StopReason
+    from tuner.search.results import StopReason
 
     result, out, report = run.result, run.out, run.report
     if result.stopped is StopReason.INTERRUPTED:

@@ -26,7 +26,7 @@ _HOME = {  # public name -> the module that defines it
     "disable_casts": "engine.function_mode", "Decision": "engine.function_mode",
     "Execution": "engine.native", "ExecutionPath": "engine.native", "autocast_failures": "engine.probe",
     "load": "report.checkpoint", "tune": "search.session", "TuneOptions": "options.tune",
-    "TuneResult": "search.types", "inspect_model": "measure.inspection", "inspect": "jobs.inspect_run",
+    "TuneResult": "search.results", "inspect_model": "measure.inspection", "inspect": "jobs.inspect_run",
     "InspectOptions": "options.commands", "Plan": "policy.plan", "OpInstance": "policy.plan",
     "Policy": "policy.presets", "load_preset": "policy.presets",
     "preset_names": "policy.presetfiles", "read_op_list": "policy.presets", "parse_dtype": "core.dtypes",

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from mpt_cli.tune_cmd import _Renderer
-from tuner.search.types import (
+from tuner.search.results import (
     BaselineMeasured,
     CandidatesFound,
     Evaluating,

@@ -16,7 +16,7 @@ from tuner.report.outcome import TuneReport
 from tuner.report.verdict import Verdict, verdict
 from tuner.report.writer import write_outputs
 from tuner.search.session import tune
-from tuner.search.types import TuneOptions, TuneStatus
+from tuner.search.results import TuneOptions, TuneStatus
 from tuner.testing import PlantedTask
 
 

@@ -25,7 +25,7 @@ from tuner.policy.plan import OpInstance, Plan
 from tuner.jobs.tune_run import tune_into_folder
 from tuner.testing import PlantedTask
 from tuner.options.tune import TuneOptions
-from tuner.search.types import TuneResult, TuneStatus
+from tuner.search.results import TuneResult, TuneStatus
 
 COUNTED = str(Path(__file__).parents[1] / "assets" / "counted_model.py")
 

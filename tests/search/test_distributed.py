@@ -247,7 +247,7 @@ class _PickledRanks:
 
 def test_decide_raises_rank_0s_exception_on_every_rank():
     from tuner.search.strategy import SearchStopped
-    from tuner.search.types import StopReason
+    from tuner.search.results import StopReason
 
     def bound() -> None:
         raise SearchStopped(StopReason.MAX_EVALS)

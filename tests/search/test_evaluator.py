@@ -13,7 +13,7 @@ from tuner.policy.plan import OpInstance, Plan
 from tuner.search.evaluator import Bounds, Evaluator, trial_key
 from tuner.search.noise import Acceptance
 from tuner.search.strategy import SearchStopped
-from tuner.search.types import EventKind, StopReason, Trial, TuneEvent
+from tuner.search.results import EventKind, StopReason, Trial, TuneEvent
 from tuner.workspace.journal import Journal, RunFingerprint
 from tuner.workspace.keeper import ModelKeeper
 

@@ -13,7 +13,7 @@ from tuner.search.noise import Acceptance
 from tuner.search.strategy import PrecisionSearch, gap_index
 from tuner.testing import PlantedTask
 from tuner.options.tune import TuneOptions
-from tuner.search.types import StopReason, TuneStatus
+from tuner.search.results import StopReason, TuneStatus
 from tuner.search.session import tune
 
 

@@ -23,7 +23,7 @@ from tuner.core.errors import UserCodeError
 from tuner.core.loader import load_user_model
 from tuner.testing import PlantedTask
 from tuner.options.tune import TuneOptions
-from tuner.search.types import StopReason, TuneStatus
+from tuner.search.results import StopReason, TuneStatus
 from tuner.search.session import tune
 
 ASSET = Path(__file__).parents[1] / "assets" / "planted_file.py"

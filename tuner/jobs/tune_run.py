@@ -21,8 +21,8 @@ from tuner.report.measuring import measure_report
 from tuner.report.outcome import TuneReport
 from tuner.report.writer import withdraw_plan, write_outputs
 from tuner.search.distributed import Ranks, SharedJournal
+from tuner.search.results import StopReason, TuneEvent, TuneResult, TuneStatus
 from tuner.search.session import TuneSession
-from tuner.search.types import StopReason, TuneEvent, TuneResult, TuneStatus
 from tuner.workspace.folder import OutputFolder
 from tuner.workspace.journal import Journal, RunFingerprint
 from tuner.workspace.keeper import ModelKeeper

@@ -6,7 +6,7 @@ from typing import Any
 
 from tuner.engine.native import Execution
 from tuner.report.outcome import TuneReport
-from tuner.search.types import Trial, TuneResult
+from tuner.search.results import Trial, TuneResult
 
 REPORT_VERSION = 1
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from tuner.report.metric_text import fmt_metric
 from tuner.report.outcome import TuneReport
 from tuner.report.verdict import plan_share
-from tuner.search.types import TuneResult, TuneStatus
+from tuner.search.results import TuneResult, TuneStatus
 
 
 def report_markdown(result: TuneResult, report: TuneReport, out: Path) -> str:

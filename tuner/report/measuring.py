@@ -20,7 +20,7 @@ from tuner.policy.plan import ModelRef, Plan
 from tuner.report.checkpoint import plan_pass
 from tuner.report.latency import Latency, compare_latency
 from tuner.report.outcome import TuneReport
-from tuner.search.types import TuneResult, TuneStatus
+from tuner.search.results import TuneResult, TuneStatus
 
 
 def measure_report(result: TuneResult, model: nn.Module, *, model_ref: ModelRef | None = None, device: str = "cpu",

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from tuner.core.output_files import PLAN_NAME
 from tuner.policy.rules import Rule
-from tuner.search.types import TuneResult
+from tuner.search.results import TuneResult
 
 
 @dataclass(frozen=True)

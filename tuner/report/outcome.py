@@ -19,7 +19,7 @@ from tuner.measure.shares import Shares
 from tuner.policy.plan import Plan
 from tuner.report.checkpoint import CheckpointInfo
 from tuner.report.latency import Latency
-from tuner.search.types import Trial
+from tuner.search.results import Trial
 
 
 @dataclass(frozen=True)

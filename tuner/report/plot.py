@@ -6,7 +6,7 @@ import math
 
 from tuner.report.metric_text import fmt_metric
 from tuner.report.outcome import TuneReport
-from tuner.search.types import TuneResult
+from tuner.search.results import TuneResult
 
 
 def _nice_ticks(lo: float, hi: float, n: int = 5) -> tuple[list[float], int]:

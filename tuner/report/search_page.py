@@ -7,7 +7,7 @@ from tuner.report.metric_text import fmt_metric
 from tuner.report.outcome import TuneReport
 from tuner.report.plot import svg_plot
 from tuner.report.verdict import verdict
-from tuner.search.types import Trial, TuneResult
+from tuner.search.results import Trial, TuneResult
 
 
 def search_page(result: TuneResult, report: TuneReport) -> str:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from tuner.measure.shares import share_text
 from tuner.report.metric_text import fmt_metric
 from tuner.report.outcome import TuneReport
-from tuner.search.types import TuneResult, TuneStatus
+from tuner.search.results import TuneResult, TuneStatus
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from tuner.report.oplists import op_lists
 from tuner.report.outcome import TuneReport
 from tuner.report.search_page import search_page
 from tuner.report.verdict import plan_header
-from tuner.search.types import TuneResult
+from tuner.search.results import TuneResult
 
 
 @contextlib.contextmanager

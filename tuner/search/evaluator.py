@@ -24,8 +24,8 @@ from tuner.measure.shares import Shares
 from tuner.policy.plan import Plan
 from tuner.search.distributed import Ranks, SharedJournal
 from tuner.search.noise import Acceptance
+from tuner.search.results import Evaluating, EventKind, StopReason, Trial, TuneEvent
 from tuner.search.strategy import SearchStopped
-from tuner.search.types import Evaluating, EventKind, StopReason, Trial, TuneEvent
 from tuner.workspace.journal import Journal
 from tuner.workspace.keeper import ModelKeeper
 

@@ -30,9 +30,7 @@ from tuner.search.distributed import Ranks, SharedJournal
 from tuner.search.evaluator import Bounds, Evaluator
 from tuner.search.noise import Acceptance, Baseline, measure_baseline
 from tuner.search.plans import no_op_overrides, plan_for
-from tuner.search.strategy import PrecisionSearch, Probe, SearchStopped
-from tuner.search.trials import SearchTrials, best_trial
-from tuner.search.types import (
+from tuner.search.results import (
     BaselineMeasured,
     CandidatesFound,
     EventKind,
@@ -42,6 +40,8 @@ from tuner.search.types import (
     TuneResult,
     TuneStatus,
 )
+from tuner.search.strategy import PrecisionSearch, Probe, SearchStopped
+from tuner.search.trials import SearchTrials, best_trial
 from tuner.workspace.journal import Journal
 from tuner.workspace.keeper import ModelKeeper
 

@@ -11,8 +11,8 @@ from tuner.search.candidates import Candidates
 from tuner.search.evaluator import Evaluator
 from tuner.search.noise import Acceptance, Baseline
 from tuner.search.plans import plan_for
+from tuner.search.results import StopReason, Trial
 from tuner.search.strategy import Probe, SearchStopped
-from tuner.search.types import StopReason, Trial
 
 
 def trial_label(fp32_idx: frozenset[int], found: Candidates, scores: Mapping[OpInstance, float], dtype: str) -> str:

@@ -1,4 +1,4 @@
-"""`tuner.tune`: what a tune answers (TuneResult, Trial, events); what it is asked is tuner.options.tune.TuneOptions.
+"""What a tune answers (TuneResult, Trial, progress events); what it is asked is tuner.options.tune.TuneOptions.
 
 The work itself is `tuner.search.session.TuneSession`: FP32 baseline (with its
 noise) -> candidates -> all-low trial -> ranking -> PrecisionSearch -> a Plan

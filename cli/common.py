@@ -100,7 +100,7 @@ def _fail(ctx: click.Context, code: int, text: str, notes: tuple[str, ...] = (),
         if trace is not None:
             trace()
         ranks.abort(code, text, notes, report=_report_abort)
-    from tuner.search.distributed import is_follower_by_env
+    from tuner.core.launch_env import is_follower_by_env
 
     if not is_follower_by_env():  # the same error on every torchrun rank: rank 0 says it
         err(text)

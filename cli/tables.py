@@ -127,7 +127,8 @@ def plain_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], stages
     widths = fit_widths(_natural(columns, rows), width - gap * (len(columns) - 1), stages)
 
     def line(cells: Sequence[str]) -> str:
-        parts = [cell.rjust(w) if c.right else cell.ljust(w) for c, cell, w in zip(columns, cells, widths, strict=False)]
+        parts = [cell.rjust(w) if c.right else cell.ljust(w)
+                 for c, cell, w in zip(columns, cells, widths, strict=False)]
         return (" " * gap).join(parts).rstrip()
 
     header = line([c.header for c in columns])

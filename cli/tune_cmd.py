@@ -1,11 +1,12 @@
 """`mpt tune`: the accuracy-driven FP32-fallback search (thin wrapper over tuner.tune)."""
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 import click
+
+from tuner.core.launch_env import is_follower_by_env
 
 from . import exitcodes
 from .common import guarded, join_ranks
@@ -145,7 +146,7 @@ def tune_cmd(**values: Any) -> None:
     started = time.monotonic()  # --time-budget counts from here
     opts = command_options(values)  # tuner.options.commands.TuneCommandOptions (checked; no torch yet)
     # within a second, before torch is imported; under torchrun only rank 0 (by its environment) reports
-    render = _Renderer(opts.quiet or os.environ.get("RANK", "0") != "0")
+    render = _Renderer(opts.quiet or is_follower_by_env())
     render.working(f"loading {opts.model} ...")
     try:
         run, ranks = _tune(opts, render, started)

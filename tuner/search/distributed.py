@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import torch
 
 from tuner.core.errors import ConfigError, UserCodeError, exc_line
+from tuner.core.launch_env import env_int, env_world_size
 
 if TYPE_CHECKING:
     from tuner.core.inputs import ModelInputs
@@ -84,29 +85,6 @@ class Abort:
 
 
 Report = Callable[[Abort], None]
-
-
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise ConfigError(f"{name}={value!r} is not a whole number (torchrun sets it)") from None
-
-
-def env_world_size() -> int:
-    """WORLD_SIZE as torchrun sets it; 1 when it is not set."""
-    return _env_int("WORLD_SIZE", 1)
-
-
-def is_follower_by_env() -> bool:
-    """True in a torchrun worker other than rank 0 (before the process group exists): it stays silent."""
-    try:
-        return env_world_size() > 1 and _env_int("RANK", 0) > 0
-    except ConfigError:
-        return False
 
 
 def env_timeout() -> float:
@@ -151,7 +129,7 @@ class Ranks:
         size = env_world_size()
         if size <= 1:
             return cls()
-        rank, local_rank = _env_int("RANK", -1), _env_int("LOCAL_RANK", 0)
+        rank, local_rank = env_int("RANK", -1), env_int("LOCAL_RANK", 0)
         if not 0 <= rank < size:
             raise ConfigError(f"RANK={os.environ.get('RANK')!r} with WORLD_SIZE={size}: expected 0 to {size - 1} "
                               "(start mpt with torchrun, which sets them)")

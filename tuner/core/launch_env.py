@@ -1,0 +1,35 @@
+"""What torchrun's environment says about this process, readable before torch is imported.
+
+The CLI asks it to stay silent on ranks other than 0 from its first line; `tuner.search.distributed` reads the
+same variables when it joins the process group.
+"""
+from __future__ import annotations
+
+import os
+
+from tuner.core.errors import ConfigError
+
+__all__ = ["env_int", "env_world_size", "is_follower_by_env"]
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not a whole number (torchrun sets it)") from None
+
+
+def env_world_size() -> int:
+    """WORLD_SIZE as torchrun sets it; 1 when it is not set."""
+    return env_int("WORLD_SIZE", 1)
+
+
+def is_follower_by_env() -> bool:
+    """True in a torchrun worker other than rank 0 (before the process group exists): it stays silent."""
+    try:
+        return env_world_size() > 1 and env_int("RANK", 0) > 0
+    except ConfigError:
+        return False

@@ -76,7 +76,7 @@ class _VerboseHandler(logging.StreamHandler):
     It writes to whatever `sys.stderr` is when a record is emitted (redirections and pytest's capture included).
     """
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> Any:
         return sys.stderr
 
@@ -293,22 +293,23 @@ def _scoped_forward(model: nn.Module, pol: Policy, device: NativeDevice, lower: 
     # Only the outermost scoped modules need hooks: the engine follows their children itself.
     scoped = {p for p in scoped if not any(p != q and (q == "" or p.startswith(q + ".")) for q in scoped)}
     depth = [0]
+    regions: dict[int, torch.autocast] = {}  # id(module) -> the autocast-off region it runs in
 
     def pre(module: nn.Module, args: Any) -> None:
         if depth[0] == 0:
             return  # called outside the attached forward
-        module._mpt_scope = [torch.autocast(device.value, enabled=False)]  # type: ignore[attr-defined]
-        module._mpt_scope[0].__enter__()
+        region = regions[id(module)] = torch.autocast(device.value, enabled=False)
+        region.__enter__()
         eng.__enter__()
         eng.tracker.enter_module(module, args)
 
     def post(module: nn.Module, args: Any, output: Any) -> None:
-        scope = module.__dict__.pop("_mpt_scope", None)
-        if scope is None:
+        region = regions.pop(id(module), None)
+        if region is None:
             return
         eng.tracker.exit_module(module, args, output)
         eng.__exit__(None, None, None)
-        scope[0].__exit__(None, None, None)
+        region.__exit__(None, None, None)
 
     handles = []
     for path in scoped:

@@ -42,12 +42,21 @@ from tuner.policy.rules import Rule
 _F64 = torch.float64
 _F32 = torch.float32
 
-# Thread-local switch used by disable_casts().
-_STATE = threading.local()
+class _ThreadState(threading.local):
+    """Per-thread engine state: the disable_casts() depth, and the composites running transparently."""
+
+    disabled = 0
+
+    def __init__(self) -> None:
+        self.transparent: set[Any] = set()
+
+
+_STATE = _ThreadState()
 
 
 def casts_disabled() -> bool:
-    return getattr(_STATE, "disabled", 0) > 0
+    """Inside `disable_casts()` (on this thread)."""
+    return _STATE.disabled > 0
 
 
 @dataclass(frozen=True)
@@ -282,9 +291,9 @@ class PrecisionEngine(TorchFunctionMode):
         if kwargs is None:
             kwargs = {}
         info = self._infos.get(func) or self._info(func)
-        if info.fast or getattr(_STATE, "disabled", 0):
+        if info.fast or _STATE.disabled:
             return func(*args, **kwargs)
-        if info.transparent and func not in _STATE.__dict__.setdefault("transparent", set()):
+        if info.transparent and func not in _STATE.transparent:
             # (a composite that re-dispatches to itself is handled as one op: the second time it is in the set)
             return self._run_transparent(func, info, args, kwargs)
 
@@ -487,7 +496,7 @@ class disable_casts:
     """
 
     def __enter__(self) -> disable_casts:
-        _STATE.disabled = getattr(_STATE, "disabled", 0) + 1
+        _STATE.disabled += 1
         self._autocasts = [torch.autocast(dev, enabled=False) for dev in ("cpu", "cuda")
                            if dev == "cpu" or torch.cuda.is_available()]
         for ac in self._autocasts:

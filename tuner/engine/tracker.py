@@ -71,7 +71,8 @@ class ModuleTracker:
         path = names.get(id(module))
         if path is None:
             parent = st[-1][1] if st else OUTSIDE
-            path = f"{parent}.<{type(module).__name__}>" if parent not in ("", OUTSIDE) else f"<{type(module).__name__}>"
+            unnamed = f"<{type(module).__name__}>"
+            path = f"{parent}.{unnamed}" if parent not in ("", OUTSIDE) else unnamed
         token = self._on_enter(module, path) if self._on_enter is not None else None
         st.append((module, path, token))
 

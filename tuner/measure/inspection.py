@@ -157,8 +157,9 @@ class _Made:
             return map_tensors(args, _keep), rest
         if d.rule not in (Rule.INPLACE, Rule.INPLACE_FIRST_INPUT) or not args or not isinstance(args[0], Tensor):
             return None  # `out=` ops write a tensor that is not an input
-        entry = self._made.get(id(args[0]))
-        if entry is None or entry[0]() is not args[0] or entry[1] < 0 or _version(args[0]) != entry[1] + 1:
+        written: Tensor = args[0]
+        entry = self._made.get(id(written))
+        if entry is None or entry[1] < 0 or _version(written) != entry[1] + 1 or entry[0]() is not written:
             return None  # not made by a recorded op, or written more than once since
         return (entry[2], *map_tensors(args[1:], _keep)), rest
 

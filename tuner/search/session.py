@@ -22,12 +22,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from tuner.core.dtypes import LOWER_DTYPES, parse_dtype, short_name
+from tuner.core.dtypes import parse_dtype
 from tuner.core.errors import ConfigError, Interrupted, UserCodeError
 from tuner.core.inputs import ModelInputs
 from tuner.core.loader import call_forward
 from tuner.engine.attach import attach, autocast, detach
 from tuner.engine.function_mode import Decision, PrecisionEngine
+from tuner.engine.kind import EngineKind
 from tuner.engine.probe import autocast_failures
 from tuner.measure.flops import first_tensor, op_flops
 from tuner.measure.inspection import relative_error
@@ -45,7 +46,6 @@ from tuner.workspace.journal import Journal
 from tuner.workspace.keeper import ModelKeeper
 
 BASELINE_KEY = "baseline#{n}"
-_LOWER_NAMES = frozenset(short_name(d) for d in LOWER_DTYPES)
 
 
 def _trial_key(fp32: frozenset[OpInstance]) -> str:
@@ -186,7 +186,7 @@ class TuneSession:
         def record(d: Decision, func: Any, args: tuple, kwargs: dict, out: Any, *raw: Any) -> None:
             counter.add(d, args, kwargs, out)
             # a neutral op that casts (a lower-list op rounding an FP32 input) does change the numbers
-            if d.compute in _LOWER_NAMES and not d.forced and (d.casts > 0 or not is_neutral(d.op, args, kwargs)):
+            if d.lowered and not d.forced and (d.casts > 0 or not is_neutral(d.op, args, kwargs)):
                 y = first_tensor(out)
                 cand = OpInstance(d.module, d.op, d.index)
                 self.cand_flops[cand] = op_flops(d.op, args, kwargs, out)
@@ -400,11 +400,11 @@ class TuneSession:
         def record(d: Decision, *rest: Any) -> None:
             inst = OpInstance(d.module, d.op, d.index)
             if inst in wanted and self.policy.lookup(d.op)[0] in _FROM_INPUTS and d.in_dtypes \
-                    and all(t == "fp32" for t in d.in_dtypes):
+                    and all(t is torch.float32 for t in d.in_dtypes):
                 idle.add(inst)
 
         with torch.no_grad(), autocast(self._plan(frozenset(fp32)), model=self.keeper.model, recorder=record,
-                                       engine="python"):
+                                       engine=EngineKind.PYTHON):
             call_forward(self.keeper.model, self.inputs)
         self.keeper.restore()
         return idle

@@ -21,7 +21,13 @@ LOWER_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def parse_dtype(value: str | torch.dtype, *, lower_only: bool = False) -> torch.dtype:
-    """Turn `bf16`/`bfloat16`/`fp16`/`half`/`fp32` (or a torch.dtype) into a torch.dtype."""
+    """Turn `bf16`/`bfloat16`/`fp16`/`half`/`fp32` (or a torch.dtype) into a torch.dtype.
+
+    Case and surrounding spaces are ignored. With `lower_only`, only bf16 and
+    fp16 are accepted (a plan's or a search's lower dtype). Raises ValueError
+    naming the accepted spellings; callers turn it into a ConfigError where
+    the value came from the user.
+    """
     if isinstance(value, torch.dtype):
         dtype = value
     elif isinstance(value, str) and value.strip().lower() in _ALIASES:

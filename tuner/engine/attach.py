@@ -120,9 +120,14 @@ class autocast:
     `verbose=True` logs every decision to the `tuner` logger at INFO; when logging is not set up (no
     handler), it adds a stderr handler so the lines show (`tuner: MODULE  OP#N  IN -> COMPUTE  (RULE)`).
     A callable gets each Decision instead.
-    `engine="auto"` uses torch.autocast itself when the policy is its own list and
-    nothing needs per-call Python; `"python"` always uses mpt's engine.
-    A plan that records another model's structure than `model` is refused.
+    `engine` (an EngineKind or its value): `"auto"` uses torch.autocast itself when the policy is
+    its own list and nothing needs per-call Python; `"python"` always uses mpt's engine; `"torch"`
+    torch.autocast or a ConfigError. `dtype` is the lower dtype (the policy's when None); `model`
+    gives module paths their root and lets a plan be checked against it; `recorder` is the engine's
+    (see PrecisionEngine); `lower_list`/`fp32_list` replace the op lists from files; `dry_run`
+    records decisions without casting. Also works as a decorator.
+    Raises ConfigError for a bad policy, dtype, list or engine, and PlanMismatchError for a plan
+    that records another model's structure than `model`.
     """
 
     def __init__(self, policy: PolicyLike = "torch-cpu", dtype: str | torch.dtype | None = None, *,
@@ -186,6 +191,8 @@ def convert(opt_level: str | None = None, lower_list_path: str | Path | None = "
     `hmp-o1`/`hmp-o2`; `preset` picks any other. `lower_list_path` and
     `fp32_list_path` replace the lists (HMP's bf16_file_path/fp32_file_path).
     Wrap optimizer steps in `tuner.disable_casts()`. Undo with `tuner.revert()`.
+    A second `convert()` replaces the first. Returns the autocast context that is on.
+    Raises ConfigError for an unknown opt_level, preset, dtype or op-list file.
     """
     if preset is None:
         levels = {None: "hmp", "O1": "hmp-o1", "O2": "hmp-o2"}
@@ -202,7 +209,7 @@ def convert(opt_level: str | None = None, lower_list_path: str | Path | None = "
 
 
 def revert() -> None:
-    """Undo `tuner.convert()`."""
+    """Undo `tuner.convert()` (nothing when it is not on)."""
     while _GLOBAL:
         _GLOBAL.pop().__exit__(None, None, None)
 
@@ -343,7 +350,8 @@ def _scoped_forward(model: nn.Module, pol: Policy, device: NativeDevice, lower: 
 
 
 def detach(model: nn.Module) -> nn.Module:
-    """Undo `attach`: the model's own forwards again."""
+    """Undo `attach`: the model's own forwards again (and no hooks). A model with nothing attached is
+    left as it is. Returns `model`."""
     state = model.__dict__.pop(_ATTACHED, None)
     if isinstance(state, _Attachment):
         native.uninstall(state.wrapped)

@@ -297,7 +297,11 @@ class PrecisionEngine(TorchFunctionMode):
             # (a composite that re-dispatches to itself is handled as one op: the second time it is in the set)
             return self._run_transparent(func, info, args, kwargs)
 
-        name, rule, detail = self._listed_rule(info, args, kwargs)
+        refine = _ATEN_NAME.get(info.name)
+        if refine is None:
+            name, rule, detail = info.name, info.rule, info.detail
+        else:
+            name, rule, detail = self._aten_rule(info, refine(args, kwargs))
         path = self.tracker.current_path() if (self._need_index or self.module_overrides) else OUTSIDE
         index = 0
         if self._need_index:
@@ -331,15 +335,12 @@ class PrecisionEngine(TorchFunctionMode):
             TorchFunctionMode.__exit__(self, None, None, None)
             active.discard(func)
 
-    def _listed_rule(self, info: _FuncInfo, args: tuple, kwargs: dict) -> tuple[str, Rule, str]:
-        """(op name, rule, detail) from the op lists: the ATen op's, when torch runs the call as an ATen op
-        the policy names (`pad` as `reflection_pad2d`)."""
-        refine = _ATEN_NAME.get(info.name)
-        if refine is not None:
-            aten = refine(args, kwargs)
-            if aten is not None and self.policy.names(aten):
-                rule, detail = self.policy.lookup(aten)
-                return aten, rule, detail
+    def _aten_rule(self, info: _FuncInfo, aten: str | None) -> tuple[str, Rule, str]:
+        """(op name, rule, detail) for a call torch runs as the ATen op `aten` (`pad` as `reflection_pad2d`):
+        the ATen op's when the policy names it, else the Python op's."""
+        if aten is not None and self.policy.names(aten):
+            rule, detail = self.policy.lookup(aten)
+            return aten, rule, detail
         return info.name, info.rule, info.detail
 
     def _target(self, info: _FuncInfo, rule: Rule, detail: str, key: InstanceKey, args: tuple,
@@ -493,6 +494,7 @@ class disable_casts:
     """Context in which nothing is cast (HMP's `hmp.disable_casts()`): wrap an optimizer step.
 
     Also turns torch.autocast off inside, for the fast path that delegates to it.
+    Works as a decorator too; contexts nest, and apply to the current thread only.
     """
 
     def __enter__(self) -> disable_casts:

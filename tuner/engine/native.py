@@ -46,7 +46,8 @@ class ExecutionPath(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Execution:
-    """What `tuner.attached(model)` reports about an attached plan."""
+    """What `tuner.attached(model)` reports about an attached plan: which path runs it and, on the
+    native path, which modules run as FP32 regions. `describe()` is the one-line text `mpt` prints."""
 
     path: ExecutionPath
     device: str | None = None  # torch.autocast's device type on the native path

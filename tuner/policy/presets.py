@@ -215,6 +215,7 @@ def _preset_dir() -> Path:
 
 
 def preset_names() -> list[str]:
+    """The names `load_preset` takes, sorted: the shipped preset files."""
     return sorted(p.stem for p in _preset_dir().glob("*.yaml"))
 
 
@@ -222,7 +223,10 @@ _PRESET_CACHE: dict[str, Policy] = {}
 
 
 def load_preset(name: str) -> Policy:
-    """A shipped preset by name (`hmp`, `gaudi`, `xla`, `torch-cpu`...)."""
+    """A shipped preset by name (`hmp`, `gaudi`, `xla`, `torch-cpu`...), read once and cached.
+
+    Raises ConfigError for an unknown name, with the closest names (or all of them).
+    """
     if name in _PRESET_CACHE:
         return _PRESET_CACHE[name]
     path = _preset_dir() / f"{name}.yaml"
@@ -240,8 +244,9 @@ def load_preset(name: str) -> Policy:
 def read_op_list(path: str | Path) -> list[str]:
     """Read an op-list file: newline-separated names (HMP/Gaudi format) or YAML (a list, or `ops:`).
 
-    `#` starts a comment in text files. Unknown names and duplicates are errors,
-    all reported at once with suggestions.
+    `#` starts a comment in text files. Returns the names in file order.
+    Raises ConfigError for a missing file, and for unknown names and
+    duplicates, all reported at once with suggestions.
     """
     path = Path(path)
     if not path.is_file():

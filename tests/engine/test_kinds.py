@@ -17,7 +17,7 @@ def test_engine_kind_parses_its_values_and_members(value, kind):
     assert EngineKind.parse(value) is kind
 
 
-@pytest.mark.parametrize("value", ["Python", "gpu", "", None, 1])
+@pytest.mark.parametrize("value", ["Python", "fastest", "", None, 1])
 def test_unknown_engine_is_refused_with_config_error(value):
     with pytest.raises(ConfigError, match="engine: expected auto, python or torch"):
         EngineKind.parse(value)

@@ -89,7 +89,7 @@ def candidates(model: nn.Module, inputs: ModelInputs, policy: Any, dtype: torch.
     found: list[OpInstance] = []
 
     def record(d: Any, func: Any, args: tuple, kwargs: dict, out: Any, *raw: Any) -> None:
-        if d.compute in ("bf16", "fp16") and not d.forced and not is_neutral(d.op, args, kwargs):
+        if d.lowered and not d.forced and not is_neutral(d.op, args, kwargs):
             found.append(OpInstance(d.module, d.op, d.index))
 
     with torch.no_grad(), PrecisionEngine(policy, dtype, root=model, recorder=record):

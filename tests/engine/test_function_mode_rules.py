@@ -32,7 +32,7 @@ def test_lower_list_casts_fp32_inputs_down():
     lin = nn.Linear(4, 3)
     out, ds = run(TORCHLIKE, lambda: lin(torch.randn(2, 4)))
     assert out.dtype == BF16
-    assert ds[-1].op == "linear" and ds[-1].compute == "bf16" and ds[-1].rule == "lower"
+    assert ds[-1].op == "linear" and ds[-1].compute is BF16 and ds[-1].rule == "lower"
 
 
 def test_fp32_list_casts_lower_inputs_up():
@@ -73,7 +73,7 @@ def test_float64_and_integer_tensors_are_never_cast():
     out, ds = run(TORCHLIKE, lambda: lin(torch.randn(2, 4, dtype=F64)))
     assert out.dtype == F64 and ds[-1].casts == 0
     # The decision says what really ran: float64, not the lower list's bf16 (and tune never picks it).
-    assert (ds[-1].rule, ds[-1].compute, ds[-1].forced) == (Rule.FLOAT64, "fp64", True)
+    assert (ds[-1].rule, ds[-1].compute, ds[-1].forced) == (Rule.FLOAT64, F64, True)
     emb = nn.Embedding(10, 4)
     idx = torch.tensor([1, 2])
     out, _ = run(HMPLIKE, lambda: emb(idx) + 0)
@@ -81,7 +81,7 @@ def test_float64_and_integer_tensors_are_never_cast():
     ints = torch.ones(2, 2, dtype=torch.long)
     out, ds = run(TORCHLIKE, lambda: torch.matmul(ints, ints))
     assert out.dtype == torch.long and (ds[-1].rule, ds[-1].compute, ds[-1].reason) == (
-        Rule.NO_FLOAT, "-", "no floating-point input")
+        Rule.NO_FLOAT, None, "no floating-point input")
 
 
 def test_explicit_dtype_argument_wins():
@@ -168,17 +168,17 @@ def test_module_overrides_take_precedence_and_reach_children():
     _, ds = run(TORCHLIKE, lambda: net(torch.randn(2, 4)), root=net, module_overrides={"a": F32})
     for d in ds:
         if d.module.startswith("a"):
-            assert d.compute == "fp32", d
+            assert d.compute is F32, d
         if d.module == "b.fc":
-            assert d.compute == "bf16"
+            assert d.compute is BF16
     _, ds = run(TORCHLIKE, lambda: net(torch.randn(2, 4)), root=net, module_overrides={"*.inner.*": F32})
-    assert {d.compute for d in ds if ".inner." in d.module} == {"fp32"}
-    assert {d.compute for d in ds if d.module.endswith(".fc")} == {"bf16"}
+    assert {d.compute for d in ds if ".inner." in d.module} == {F32}
+    assert {d.compute for d in ds if d.module.endswith(".fc")} == {BF16}
     # an override to the lower dtype wins over the FP32 list
     x = torch.randn(2, 3)
     sm = nn.Softmax(-1)
     _, ds = run(TORCHLIKE, lambda: sm(x), root=sm, module_overrides={"": BF16})
-    assert ds[-1].compute == "bf16"
+    assert ds[-1].compute is BF16
     assert (ds[-1].rule, ds[-1].reason, ds[-1].forced) == (Rule.MODULE, "module override: bf16", False)
 
 
@@ -193,7 +193,7 @@ def test_instance_overrides_pick_one_call():
     _, ds = run(TORCHLIKE, lambda: net(torch.randn(2, 4)), root=net,
                 instance_overrides={("a", "matmul", 0): F32})
     got = {(d.module, d.op): d.compute for d in ds}
-    assert got[("a", "matmul")] == "fp32" and got[("b", "matmul")] == "bf16"
+    assert got[("a", "matmul")] is F32 and got[("b", "matmul")] is BF16
 
 
 def test_composite_python_functions_are_transparent():
@@ -202,7 +202,7 @@ def test_composite_python_functions_are_transparent():
     _, ds = run(TORCHLIKE, lambda: mha(x, x, x), root=mha)
     ops = [d.op for d in ds]
     assert "linear" in ops and "multi_head_attention_forward" not in ops
-    assert all(d.compute == "bf16" for d in ds if d.op == "linear")
+    assert all(d.compute is BF16 for d in ds if d.op == "linear")
 
 
 def test_backward_through_casts_keeps_fp32_gradients():

@@ -45,7 +45,7 @@ def unit_plan(model: torch.nn.Module, inputs: ModelInputs, owners: set[str], **e
     found: list[OpInstance] = []
 
     def record(d, *rest) -> None:
-        if d.module in owners and d.compute == "bf16" and not d.forced:
+        if d.module in owners and d.lowered and not d.forced:
             found.append(OpInstance(d.module, d.op, d.index))
 
     with torch.no_grad(), PrecisionEngine(load_preset("torch-cpu"), torch.bfloat16, root=model, recorder=record):

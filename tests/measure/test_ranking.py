@@ -238,7 +238,7 @@ def _candidates(model: nn.Module, inputs: ModelInputs) -> list[OpInstance]:
     found = []
 
     def record(d, func, args, kwargs, out, *raw):
-        if d.compute == "bf16" and not d.forced and not is_neutral(d.op, args, kwargs):
+        if d.lowered and not d.forced and not is_neutral(d.op, args, kwargs):
             found.append(OpInstance(d.module, d.op, d.index))
 
     with torch.no_grad(), PrecisionEngine(POLICY, BF16, root=model, recorder=record):

@@ -41,7 +41,7 @@ def test_plan_file_works_in_autocast(tmp_path):
     out = []
     with tuner.autocast(str(tmp_path / "p.yaml"), model=net, verbose=out.append):
         net(torch.randn(2, 4))
-    assert [(d.module, d.compute) for d in out if d.op == "linear"] == [("0", "bf16"), ("1", "fp32")]
+    assert [(d.module, d.compute) for d in out if d.op == "linear"] == [("0", torch.bfloat16), ("1", torch.float32)]
 
 
 def _out_dir(tmp_path, model, plan, inputs):

@@ -1,1 +1,4 @@
-"""The user-code boundary and shared values: loading the model file, ModelInputs, dtypes, fingerprints, YAML and atomic file IO, errors."""
+"""The user-code boundary and shared values.
+
+Loading the model file, ModelInputs, dtypes, fingerprints, YAML and atomic file IO, errors.
+"""

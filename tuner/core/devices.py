@@ -63,7 +63,8 @@ def check_device(device: str, dtype: str) -> str | None:
         raise DeviceError(f"this CPU build cannot run {dtype} matmuls: {str(exc).splitlines()[0]}") from None
     fast = _fast_lower_dtypes()
     if dt == torch.float16 and "fp16" not in fast:
-        return "this CPU has no AVX512-FP16/AMX-FP16: float16 will likely be slower than FP32 here (bf16 is the fast choice)"
+        return ("this CPU has no AVX512-FP16/AMX-FP16: float16 will likely be slower than FP32 here "
+                "(bf16 is the fast choice)")
     if dt == torch.bfloat16 and "bf16" not in fast:
         return "this CPU has no AVX512-BF16/AMX-BF16: bfloat16 may be slower than FP32 here"
     return None

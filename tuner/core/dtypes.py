@@ -37,7 +37,14 @@ def _is_torch_dtype(value: Any) -> bool:
 
 
 def parse_dtype(value: str | torch.dtype, *, lower_only: bool = False) -> torch.dtype:
-    """Turn `bf16`/`bfloat16`/`fp16`/`half`/`fp32` (or a torch.dtype) into a torch.dtype."""
+    """Turn `bf16`/`bfloat16`/`fp16`/`half`/`fp32` (or a torch.dtype) into a torch.dtype.
+
+    Case and surrounding spaces are ignored. With `lower_only`, only bf16 and
+    fp16 are accepted (a plan's or a search's lower dtype). Raises ValueError
+    naming the accepted spellings; callers turn it into a ConfigError where
+    the value came from the user. torch is imported here, not with the module,
+    so the CLI can list the dtype choices before torch loads.
+    """
     import torch
 
     if _is_torch_dtype(value):

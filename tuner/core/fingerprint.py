@@ -56,10 +56,10 @@ def _tensor_bytes(t: torch.Tensor, h: hashlib._Hash) -> None:
         return
     flat = t.contiguous().reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
     if flat.device.type == "cpu":
-        h.update(memoryview(flat.numpy()))
+        h.update(flat.numpy().data)
         return
     for start in range(0, flat.numel(), _CHUNK):
-        h.update(memoryview(flat[start:start + _CHUNK].cpu().numpy()))
+        h.update(flat[start:start + _CHUNK].cpu().numpy().data)
 
 
 def weights_digest(model: nn.Module) -> str:

@@ -29,7 +29,8 @@ def map_tensors(x: Any, fn: Callable[[Tensor], Any]) -> Any:
     if isinstance(x, Mapping):
         mapped = {k: map_tensors(v, fn) for k, v in x.items()}
         try:
-            return type(x)(mapped)  # ModelOutput, OrderedDict
+            rebuild: Any = type(x)  # ModelOutput, OrderedDict: built from a dict
+            return rebuild(mapped)
         except Exception:  # noqa: BLE001 - a mapping type that cannot be built from a dict
             return mapped
     if dataclasses.is_dataclass(x) and not isinstance(x, type):

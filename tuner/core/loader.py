@@ -326,7 +326,7 @@ def _source_file(fn: Any) -> str | None:
             break
     code = getattr(fn, "__code__", None)
     if code is None:
-        call = getattr(type(fn), "__call__", None)
+        call = getattr(type(fn), "__call__", None)  # noqa: B004 - the method itself, for its code
         code = getattr(call, "__code__", None)
     return _norm(code.co_filename) if code is not None and not code.co_filename.startswith("<") else None
 

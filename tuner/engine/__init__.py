@@ -1,1 +1,4 @@
-"""Running a model under a policy: the function-mode engine, module tracker, native regions, attach/detach, the autocast probe."""
+"""Running a model under a policy.
+
+The function-mode engine, module tracker, native regions, attach/detach, the autocast probe.
+"""

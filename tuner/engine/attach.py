@@ -6,6 +6,7 @@ import logging
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,12 @@ from torch import nn
 
 from tuner.core.dtypes import parse_dtype, short_name
 from tuner.core.errors import ConfigError
+from tuner.engine import native
 from tuner.engine.function_mode import Decision, PrecisionEngine
+from tuner.engine.kind import EngineKind
+from tuner.policy.modes import NativeDevice
 from tuner.policy.plan import Plan
 from tuner.policy.presets import Policy, custom_policy, load_preset
-
-from . import native
 
 log = logging.getLogger("tuner")
 
@@ -74,7 +76,7 @@ class _VerboseHandler(logging.StreamHandler):
     It writes to whatever `sys.stderr` is when a record is emitted (redirections and pytest's capture included).
     """
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> Any:
         return sys.stderr
 
@@ -100,11 +102,14 @@ def _show_verbose_log() -> None:
 
 def _log_decision(decision: Decision) -> None:
     log.info("%s  %s#%d  %s -> %s  (%s)", decision.module or "(root)", decision.op, decision.index,
-             ",".join(decision.in_dtypes) or "-", decision.compute, decision.reason)
+             ",".join(decision.in_dtype_names) or "-", decision.compute_name, decision.reason)
 
 
-def _native_ok(pol: Policy) -> bool:
-    return pol.native == "cpu" or (pol.native == "cuda" and torch.cuda.is_available())
+def native_device(pol: Policy) -> NativeDevice | None:
+    """The device whose torch.autocast `pol` can run as: its `native` device when this machine has it, else None."""
+    if pol.native is NativeDevice.CPU or (pol.native is NativeDevice.CUDA and torch.cuda.is_available()):
+        return pol.native
+    return None
 
 
 class autocast:
@@ -115,15 +120,20 @@ class autocast:
     `verbose=True` logs every decision to the `tuner` logger at INFO; when logging is not set up (no
     handler), it adds a stderr handler so the lines show (`tuner: MODULE  OP#N  IN -> COMPUTE  (RULE)`).
     A callable gets each Decision instead.
-    `engine="auto"` uses torch.autocast itself when the policy is its own list and
-    nothing needs per-call Python; `"python"` always uses mpt's engine.
-    A plan that records another model's structure than `model` is refused.
+    `engine` (an EngineKind or its value): `"auto"` uses torch.autocast itself when the policy is
+    its own list and nothing needs per-call Python; `"python"` always uses mpt's engine; `"torch"`
+    torch.autocast or a ConfigError. `dtype` is the lower dtype (the policy's when None); `model`
+    gives module paths their root and lets a plan be checked against it; `recorder` is the engine's
+    (see PrecisionEngine); `lower_list`/`fp32_list` replace the op lists from files; `dry_run`
+    records decisions without casting. Also works as a decorator.
+    Raises ConfigError for a bad policy, dtype, list or engine, and PlanMismatchError for a plan
+    that records another model's structure than `model`.
     """
 
     def __init__(self, policy: PolicyLike = "torch-cpu", dtype: str | torch.dtype | None = None, *,
                  model: nn.Module | None = None, modules: Mapping[str, str | torch.dtype] | None = None,
                  verbose: bool | Callable[[Decision], None] = False,
-                 recorder: Callable[..., None] | None = None, engine: str = "auto",
+                 recorder: Callable[..., None] | None = None, engine: str | EngineKind = EngineKind.AUTO,
                  lower_list: str | Path | None = None, fp32_list: str | Path | None = None,
                  dry_run: bool = False) -> None:
         policy = as_plan(policy)
@@ -131,18 +141,17 @@ class autocast:
         pol, lower, mods, instances = resolve(policy, dtype, modules)
         if lower_list or fp32_list:
             pol = custom_policy(pol, lower_file=lower_list, fp32_file=fp32_list)
-        if engine not in ("auto", "python", "torch"):
-            raise ConfigError(f"engine: expected auto, python or torch, found {engine!r}")
+        kind = EngineKind.parse(engine)
         self.policy, self.dtype = pol, lower
         verbose_fn = _log_decision if verbose is True else (verbose or None)
         if verbose is True:
             _show_verbose_log()
         plain = not mods and not instances and recorder is None and verbose_fn is None and not dry_run
-        self.native = engine == "torch" or (engine == "auto" and plain and _native_ok(pol))
+        self.native = kind is EngineKind.TORCH or (kind is EngineKind.AUTO and plain and native_device(pol) is not None)
         if self.native:
             if not plain or pol.native is None:
                 raise ConfigError("engine='torch' needs a torch-* preset and no overrides, recorder or verbose")
-            self._ctx: Any = torch.autocast(pol.native, dtype=lower)
+            self._ctx: Any = torch.autocast(pol.native.value, dtype=lower)
         else:
             self._ctx = PrecisionEngine(pol, lower, root=model, module_overrides=mods,
                                         instance_overrides=instances, recorder=recorder, verbose=verbose_fn,
@@ -150,6 +159,7 @@ class autocast:
 
     @property
     def engine(self) -> PrecisionEngine | None:
+        """mpt's engine this context runs; None when it runs torch.autocast itself."""
         return None if self.native else self._ctx
 
     def __enter__(self) -> autocast:
@@ -181,6 +191,8 @@ def convert(opt_level: str | None = None, lower_list_path: str | Path | None = "
     `hmp-o1`/`hmp-o2`; `preset` picks any other. `lower_list_path` and
     `fp32_list_path` replace the lists (HMP's bf16_file_path/fp32_file_path).
     Wrap optimizer steps in `tuner.disable_casts()`. Undo with `tuner.revert()`.
+    A second `convert()` replaces the first. Returns the autocast context that is on.
+    Raises ConfigError for an unknown opt_level, preset, dtype or op-list file.
     """
     if preset is None:
         levels = {None: "hmp", "O1": "hmp-o1", "O2": "hmp-o2"}
@@ -189,7 +201,7 @@ def convert(opt_level: str | None = None, lower_list_path: str | Path | None = "
             raise ConfigError(f"opt_level: expected O1 or O2, found {opt_level!r}")
         preset = levels[key]
     revert()
-    ctx = autocast(preset, dtype, verbose=verbose, engine="python",
+    ctx = autocast(preset, dtype, verbose=verbose, engine=EngineKind.PYTHON,
                    lower_list=lower_list_path or None, fp32_list=fp32_list_path or None)
     ctx.__enter__()
     _GLOBAL.append(ctx)
@@ -197,7 +209,7 @@ def convert(opt_level: str | None = None, lower_list_path: str | Path | None = "
 
 
 def revert() -> None:
-    """Undo `tuner.convert()`."""
+    """Undo `tuner.convert()` (nothing when it is not on)."""
     while _GLOBAL:
         _GLOBAL.pop().__exit__(None, None, None)
 
@@ -207,7 +219,7 @@ _ATTACHED = "_mpt_precision"
 
 
 def attach(model: nn.Module, policy: PolicyLike, dtype: str | torch.dtype | None = None, *,
-           engine: str = "auto") -> nn.Module:
+           engine: str | EngineKind = EngineKind.AUTO) -> nn.Module:
     """Make `model(...)` run under the policy with no `with` block (what `tuner.load` returns).
 
     Ops inside the model's forward follow the plan; code around the call
@@ -225,26 +237,26 @@ def attach(model: nn.Module, policy: PolicyLike, dtype: str | torch.dtype | None
     check_plan_fits(policy, model)
     detach(model)
     pol, lower, mods, instances = resolve(policy, dtype)
-    if engine not in ("auto", "python", "torch"):
-        raise ConfigError(f"engine: expected auto, python or torch, found {engine!r}")
-    reason = "engine='python'" if engine == "python" else \
-        f"preset {pol.name} is not torch.autocast's own lists" if not _native_ok(pol) else ""
-    if engine == "torch" and not _native_ok(pol):
+    kind = EngineKind.parse(engine)
+    device = native_device(pol)
+    reason = "engine='python'" if kind is EngineKind.PYTHON else \
+        f"preset {pol.name} is not torch.autocast's own lists" if device is None else ""
+    if kind is EngineKind.TORCH and device is None:
         raise ConfigError("engine='torch' needs a torch-* preset on its own device")
-    if not reason:
-        realized = native.realize(model, pol.native, lower, mods, instances)  # type: ignore[arg-type]
+    if device is not None and not reason:
+        realized = native.realize(model, device.value, lower, mods, instances)
         if isinstance(realized, native.Execution):
             setattr(model, _ATTACHED, _Attachment(realized, native.install(model, realized)))
             return model
         reason = realized
-        if engine == "torch":
+        if kind is EngineKind.TORCH:
             raise ConfigError(f"engine='torch' cannot run this plan: {reason}")
-        forward, scoped = _scoped_forward(model, pol, lower, mods, instances)
-        execution = native.Execution(native.ExecutionPath.SCOPED, pol.native, lower, python_modules=scoped,
+        forward, scoped = _scoped_forward(model, pol, device, lower, mods, instances)
+        execution = native.Execution(native.ExecutionPath.SCOPED, device.value, lower, python_modules=scoped,
                                      reason=reason)
     else:
-        ctx = _engine_ctx(model, pol, lower, mods, instances)
-        forward = _full_forward(model, ctx)
+        forward = _full_forward(model, PrecisionEngine(pol, lower, root=model, module_overrides=mods,
+                                                       instance_overrides=instances))
         execution = native.Execution(native.ExecutionPath.PYTHON, reason=reason)
     before = model.__dict__.get("forward")
     model.forward = torch.compiler.disable(forward)  # mpt's engine is Python per op: never traced  # type: ignore[method-assign]
@@ -259,60 +271,52 @@ class _Attachment:
     handles: list[Any] = field(default_factory=list)  # hooks of the scoped path
 
 
-def _engine_ctx(model: nn.Module, pol: Policy, lower: torch.dtype, mods: dict, instances: dict) -> autocast:
-    ctx = autocast.__new__(autocast)
-    ctx.policy, ctx.dtype, ctx.native = pol, lower, False
-    ctx._ctx = PrecisionEngine(pol, lower, root=model, module_overrides=mods, instance_overrides=instances)
-    return ctx
-
-
-def _full_forward(model: nn.Module, ctx: autocast) -> Callable[..., Any]:
+def _full_forward(model: nn.Module, eng: PrecisionEngine) -> Callable[..., Any]:
+    """The model's forward under `eng`, the model itself on the engine's module stack."""
     original = model.forward
-    eng = ctx.engine
 
     @functools.wraps(original)
     def forward(*args: Any, **kwargs: Any) -> Any:
-        with ctx:
-            if eng is not None:
-                eng.tracker._pre(model, args)
-                try:
-                    return original(*args, **kwargs)
-                finally:
-                    eng.tracker._post(model, args, None)
-            return original(*args, **kwargs)
+        with eng:
+            eng.tracker.enter_module(model, args)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                eng.tracker.exit_module(model, args, None)
 
     return forward
 
 
-def _scoped_forward(model: nn.Module, pol: Policy, lower: torch.dtype, mods: dict,
+def _scoped_forward(model: nn.Module, pol: Policy, device: NativeDevice, lower: torch.dtype, mods: dict,
                     instances: dict) -> tuple[Callable[..., Any], tuple[str, ...]]:
     """torch.autocast for the model, mpt's engine inside the modules that own overrides (and their paths)."""
-    from fnmatch import fnmatchcase
-
-    eng = PrecisionEngine(pol, lower, root=model, module_overrides=mods, instance_overrides=instances)
-    eng.tracker._on_root_enter = None  # counters are reset once per model call, below
+    # Each scoped module enters the engine on an empty module stack: call indices are reset once per
+    # model call (below), not at each of those entries.
+    eng = PrecisionEngine(pol, lower, root=model, module_overrides=mods, instance_overrides=instances,
+                          reset_counts_at_root=False)
     owners = {key[0] for key in instances}
     names = dict(model.named_modules())
     scoped = {path for path in names if path in owners or any(path == p or fnmatchcase(path, p) for p in mods)}
     # Only the outermost scoped modules need hooks: the engine follows their children itself.
     scoped = {p for p in scoped if not any(p != q and (q == "" or p.startswith(q + ".")) for q in scoped)}
     depth = [0]
+    regions: dict[int, torch.autocast] = {}  # id(module) -> the autocast-off region it runs in
 
     def pre(module: nn.Module, args: Any) -> None:
         if depth[0] == 0:
             return  # called outside the attached forward
-        module._mpt_scope = [torch.autocast(pol.native, enabled=False)]  # type: ignore[attr-defined]
-        module._mpt_scope[0].__enter__()
+        region = regions[id(module)] = torch.autocast(device.value, enabled=False)
+        region.__enter__()
         eng.__enter__()
-        eng.tracker._pre(module, args)
+        eng.tracker.enter_module(module, args)
 
     def post(module: nn.Module, args: Any, output: Any) -> None:
-        scope = module.__dict__.pop("_mpt_scope", None)
-        if scope is None:
+        region = regions.pop(id(module), None)
+        if region is None:
             return
-        eng.tracker._post(module, args, output)
+        eng.tracker.exit_module(module, args, output)
         eng.__exit__(None, None, None)
-        scope[0].__exit__(None, None, None)
+        region.__exit__(None, None, None)
 
     handles = []
     for path in scoped:
@@ -326,17 +330,17 @@ def _scoped_forward(model: nn.Module, pol: Policy, lower: torch.dtype, mods: dic
 
     @functools.wraps(original)
     def forward(*args: Any, **kwargs: Any) -> Any:
-        eng._counts.clear()
+        eng.reset_counts()
         depth[0] += 1
         try:
             if root_scoped:
                 with eng:
-                    eng.tracker._pre(model, args)
+                    eng.tracker.enter_module(model, args)
                     try:
                         return original(*args, **kwargs)
                     finally:
-                        eng.tracker._post(model, args, None)
-            with torch.autocast(pol.native, dtype=lower):  # type: ignore[arg-type]
+                        eng.tracker.exit_module(model, args, None)
+            with torch.autocast(device.value, dtype=lower):
                 return original(*args, **kwargs)
         finally:
             depth[0] -= 1
@@ -346,7 +350,8 @@ def _scoped_forward(model: nn.Module, pol: Policy, lower: torch.dtype, mods: dic
 
 
 def detach(model: nn.Module) -> nn.Module:
-    """Undo `attach`: the model's own forwards again."""
+    """Undo `attach`: the model's own forwards again (and no hooks). A model with nothing attached is
+    left as it is. Returns `model`."""
     state = model.__dict__.pop(_ATTACHED, None)
     if isinstance(state, _Attachment):
         native.uninstall(state.wrapped)

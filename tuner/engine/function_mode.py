@@ -34,37 +34,66 @@ from torch.overrides import TorchFunctionMode
 
 from tuner.core.dtypes import short_name
 from tuner.engine.tracker import OUTSIDE, ModuleTracker
+from tuner.policy.modes import InplaceMode
 from tuner.policy.opnames import SKIP, canonical_name, is_inplace, is_python_composite
 from tuner.policy.presets import Policy
 from tuner.policy.rules import Rule
 
 _F64 = torch.float64
 _F32 = torch.float32
+LOWER_DTYPES = frozenset({torch.bfloat16, torch.float16})  # what `Decision.lowered` means by a lower precision
 
-# Thread-local switch used by disable_casts().
-_STATE = threading.local()
+class _ThreadState(threading.local):
+    """Per-thread engine state: the disable_casts() depth, and the composites running transparently."""
+
+    disabled = 0
+
+    def __init__(self) -> None:
+        self.transparent: set[Any] = set()
+
+
+_STATE = _ThreadState()
 
 
 def casts_disabled() -> bool:
-    return getattr(_STATE, "disabled", 0) > 0
+    """Inside `disable_casts()` (on this thread)."""
+    return _STATE.disabled > 0
 
 
 @dataclass(frozen=True)
 class Decision:
     """What the engine decided for one op call (for the verbose log, `mpt inspect` and the tuner).
 
-    `rule` says why, as data; `detail` completes its display text (the
-    override's dtype, or `as matmul` when an alias matched the op lists).
+    The call is `index`-th call of `op` made by the module at path `module` in
+    this forward (`-` outside any module). Dtypes are torch.dtypes; the
+    `*_name` properties give the text outputs print. `rule` says why, as data;
+    `detail` completes its display text (the override's dtype, or `as matmul`
+    when an alias matched the op lists); `casts` counts the inputs it cast.
     """
 
     module: str
     op: str
     index: int
-    in_dtypes: tuple[str, ...]
-    compute: str  # dtype it computed in ("-" when no float input)
+    in_dtypes: tuple[torch.dtype, ...]  # of its floating-point inputs, as they arrived
+    compute: torch.dtype | None  # the dtype it computed in; None when it had no floating-point input
     rule: Rule
     casts: int
     detail: str = ""
+
+    @property
+    def lowered(self) -> bool:
+        """It computed in a lower precision (bf16 or fp16)."""
+        return self.compute in LOWER_DTYPES
+
+    @property
+    def compute_name(self) -> str:
+        """`compute` as printed: `bf16`, `fp32`, `-` when None."""
+        return short_name(self.compute)
+
+    @property
+    def in_dtype_names(self) -> tuple[str, ...]:
+        """`in_dtypes` as printed: (`fp32`, `bf16`)."""
+        return tuple(short_name(d) for d in self.in_dtypes)
 
     @property
     def reason(self) -> str:
@@ -176,6 +205,7 @@ class PrecisionEngine(TorchFunctionMode):
         verbose: Callable[[Decision], None] | None = None,
         dry_run: bool = False,
         cache: CastCache | None = None,
+        reset_counts_at_root: bool = True,
     ) -> None:
         super().__init__()
         self.policy = policy
@@ -193,10 +223,12 @@ class PrecisionEngine(TorchFunctionMode):
         self._override_for_path: dict[str, torch.dtype | None] = {}
         self._current_override: list[torch.dtype | None] = [None]
         self.tracker = ModuleTracker(root, on_enter=self._on_module_enter, on_exit=self._on_module_exit,
-                                     on_root_enter=self._on_root_enter)
+                                     on_root_enter=self.reset_counts if reset_counts_at_root else None)
 
     # ----- module bookkeeping -------------------------------------------------
-    def _on_root_enter(self) -> None:
+    def reset_counts(self) -> None:
+        """Start call indices from 0 again (a new forward). The engine does it whenever the outermost
+        module is entered, unless built with `reset_counts_at_root=False`: then its user calls this."""
         self._counts.clear()
 
     def _module_override(self, path: str) -> torch.dtype | None:
@@ -252,41 +284,78 @@ class PrecisionEngine(TorchFunctionMode):
         return info
 
     def __torch_function__(self, func: Callable[..., Any], types_: Any, args: tuple = (), kwargs: Any = None) -> Any:
+        """One op call: decide its precision, cast its inputs, run it, report the Decision.
+
+        The steps are methods, but the checks that skip them (the fast path, no recorder) stay
+        here: this runs for every op of every forward.
+        """
         if kwargs is None:
             kwargs = {}
         info = self._infos.get(func) or self._info(func)
-        if info.fast or getattr(_STATE, "disabled", 0):
+        if info.fast or _STATE.disabled:
             return func(*args, **kwargs)
-        if info.transparent:
-            active = _STATE.__dict__.setdefault("transparent", set())
-            if func not in active:  # a composite that re-dispatches to itself is handled as one op
-                active.add(func)
-                TorchFunctionMode.__enter__(self)  # re-push only the mode, not the hooks
-                try:
-                    return info.clone(*args, **kwargs)  # type: ignore[misc]
-                finally:
-                    TorchFunctionMode.__exit__(self, None, None, None)
-                    active.discard(func)
+        if info.transparent and func not in _STATE.transparent:
+            # (a composite that re-dispatches to itself is handled as one op: the second time it is in the set)
+            return self._run_transparent(func, info, args, kwargs)
 
-        rule, detail, name = info.rule, info.detail, info.name
-        refine = _ATEN_NAME.get(name)
-        if refine is not None:
-            aten = refine(args, kwargs)
-            if aten is not None and self.policy.names(aten):  # the policy names the ATen op: its rule applies
-                name = aten
-                rule, detail = self.policy.lookup(aten)
+        refine = _ATEN_NAME.get(info.name)
+        if refine is None:
+            name, rule, detail = info.name, info.rule, info.detail
+        else:
+            name, rule, detail = self._aten_rule(info, refine(args, kwargs))
         path = self.tracker.current_path() if (self._need_index or self.module_overrides) else OUTSIDE
         index = 0
         if self._need_index:
             key = (path, name)
             index = self._counts.get(key, 0)
             self._counts[key] = index + 1
+        target, rule, detail = self._target(info, rule, detail, (path, name, index), args, kwargs)
+
+        casts = 0
+        raw_args, raw_kwargs = args, kwargs
+        if target is not None and not self.dry_run:
+            args, kwargs, casts = self._cast(args, kwargs, target)
+
+        out = func(*args, **kwargs)
+
+        if (self.recorder is not None or self.verbose is not None) and (
+                isinstance(out, (Tensor, list, tuple)) or any(isinstance(a, Tensor) for a in args)):
+            decision = self._decision((path, name, index), target, rule, detail, casts, args, kwargs,
+                                      raw_args, raw_kwargs)
+            out = self._report(decision, func, args, kwargs, out, raw_args, raw_kwargs)
+        return out
+
+    def _run_transparent(self, func: Callable[..., Any], info: _FuncInfo, args: tuple, kwargs: dict) -> Any:
+        """Run a Python composite's body with the mode still on, so the builtin ops inside get their own rules."""
+        active = _STATE.transparent
+        active.add(func)
+        TorchFunctionMode.__enter__(self)  # re-push only the mode, not the hooks
+        try:
+            return info.clone(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            TorchFunctionMode.__exit__(self, None, None, None)
+            active.discard(func)
+
+    def _aten_rule(self, info: _FuncInfo, aten: str | None) -> tuple[str, Rule, str]:
+        """(op name, rule, detail) for a call torch runs as the ATen op `aten` (`pad` as `reflection_pad2d`):
+        the ATen op's when the policy names it, else the Python op's."""
+        if aten is not None and self.policy.names(aten):
+            rule, detail = self.policy.lookup(aten)
+            return aten, rule, detail
+        return info.name, info.rule, info.detail
+
+    def _target(self, info: _FuncInfo, rule: Rule, detail: str, key: InstanceKey, args: tuple,
+                kwargs: dict) -> tuple[torch.dtype | None, Rule, str]:
+        """(dtype to cast the inputs to or None, rule, detail) for a call the op lists gave `rule`.
+
+        What the call itself says wins (in-place, `out=`, `dtype=`), then the instance's and the
+        module's overrides, then the lists; BANNED raises.
+        """
         target: torch.dtype | None = None
         override = self._current_override[-1] if self.module_overrides else None
-        inst = self.instance_overrides.get((path, name, index)) if self.instance_overrides else None
-
+        inst = self.instance_overrides.get(key) if self.instance_overrides else None
         if info.inplace or kwargs.get("out") is not None:
-            skip_it = self.policy.inplace == "skip"
+            skip_it = self.policy.inplace is InplaceMode.SKIP
             if info.inplace:
                 rule = Rule.INPLACE if skip_it else Rule.INPLACE_FIRST_INPUT
             else:
@@ -305,38 +374,35 @@ class PrecisionEngine(TorchFunctionMode):
         elif rule is Rule.BANNED:
             raise RuntimeError(f"{info.name} is unsafe to autocast (banned by policy {self.policy.name!r}); "
                                f"use its *_with_logits form or run it under tuner.disable_casts()")
-
         if rule in _FROM_INPUTS:
             floats = self._float_dtypes(args, kwargs, first_only=rule is not Rule.PROMOTE)
             target = _widest(floats) if rule is Rule.PROMOTE else (floats[0] if floats else None)
+        return target, rule, detail
 
-        casts = 0
-        raw_args, raw_kwargs = args, kwargs
-        if target is not None and not self.dry_run:
-            args, kwargs, casts = self._cast(args, kwargs, target)
+    def _decision(self, key: InstanceKey, target: torch.dtype | None, rule: Rule, detail: str, casts: int,
+                  args: tuple, kwargs: dict, raw_args: tuple, raw_kwargs: dict) -> Decision:
+        """The Decision for a call that ran: a call with nothing castable gets the rule that says why."""
+        in_dtypes = tuple(self._float_dtypes(raw_args, raw_kwargs, first_only=False, all_=True))
+        if casts == 0 and not rule.forced and not self._float_dtypes(raw_args, raw_kwargs, first_only=True):
+            target, rule, detail = None, self._not_castable(raw_args, raw_kwargs), ""
+        compute = target
+        if compute is None:
+            ran = self._float_dtypes(args, kwargs, first_only=True, all_=True)
+            compute = ran[0] if ran else None
+        return Decision(module=key[0], op=key[1], index=key[2], in_dtypes=in_dtypes, compute=compute,
+                        rule=rule, casts=casts, detail=detail)
 
-        out = func(*args, **kwargs)
-
-        if (self.recorder is not None or self.verbose is not None) and (
-                isinstance(out, (Tensor, list, tuple)) or any(isinstance(a, Tensor) for a in args)):
-            in_dtypes = tuple(short_name(d) for d in
-                              self._float_dtypes(raw_args, raw_kwargs, first_only=False, all_=True))
-            if casts == 0 and not rule.forced and not self._float_dtypes(raw_args, raw_kwargs, first_only=True):
-                target, rule, detail = None, self._not_castable(raw_args, raw_kwargs), ""
-            if target is not None:
-                compute = short_name(target)
-            else:
-                ran = self._float_dtypes(args, kwargs, first_only=True, all_=True)
-                compute = short_name(ran[0]) if ran else "-"
-            decision = Decision(module=path, op=name, index=index, in_dtypes=in_dtypes, compute=compute,
-                                rule=rule, casts=casts, detail=detail)
-            if self.verbose is not None:
-                self.verbose(decision)
-            if self.recorder is not None:
-                replaced = self.recorder(decision, func, args, kwargs, out, raw_args, raw_kwargs)
-                if replaced is not None and (isinstance(replaced, Tensor) if isinstance(out, Tensor)
-                                             else type(replaced) is type(out)):
-                    out = replaced  # the recorder's value is what the caller gets (see the class doc)
+    def _report(self, decision: Decision, func: Callable[..., Any], args: tuple, kwargs: dict, out: Any,
+                raw_args: tuple, raw_kwargs: dict) -> Any:
+        """Hand `decision` to the verbose log and the recorder; the call's output (the recorder's, when it
+        returns one of the output's kind: see the class doc)."""
+        if self.verbose is not None:
+            self.verbose(decision)
+        if self.recorder is not None:
+            replaced = self.recorder(decision, func, args, kwargs, out, raw_args, raw_kwargs)
+            if replaced is not None and (isinstance(replaced, Tensor) if isinstance(out, Tensor)
+                                         else type(replaced) is type(out)):
+                return replaced
         return out
 
     def _not_castable(self, args: tuple, kwargs: dict) -> Rule:
@@ -429,10 +495,11 @@ class disable_casts:
     """Context in which nothing is cast (HMP's `hmp.disable_casts()`): wrap an optimizer step.
 
     Also turns torch.autocast off inside, for the fast path that delegates to it.
+    Works as a decorator too; contexts nest, and apply to the current thread only.
     """
 
     def __enter__(self) -> disable_casts:
-        _STATE.disabled = getattr(_STATE, "disabled", 0) + 1
+        _STATE.disabled += 1
         self._autocasts = [torch.autocast(dev, enabled=False) for dev in ("cpu", "cuda")
                            if dev == "cpu" or torch.cuda.is_available()]
         for ac in self._autocasts:

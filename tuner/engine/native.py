@@ -46,7 +46,8 @@ class ExecutionPath(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Execution:
-    """What `tuner.attached(model)` reports about an attached plan."""
+    """What `tuner.attached(model)` reports about an attached plan: which path runs it and, on the
+    native path, which modules run as FP32 regions. `describe()` is the one-line text `mpt` prints."""
 
     path: ExecutionPath
     device: str | None = None  # torch.autocast's device type on the native path
@@ -114,7 +115,7 @@ def install(model: nn.Module, execution: Execution) -> Wrapped:
         if path == "" or region is not parent:
             wrapped.append((module, module.__dict__.get("forward")))
             module.forward = _region_forward(module.forward, region, execution.device, execution.dtype,
-                                             root=path == "")  # type: ignore[method-assign]
+                                             root=path == "")
     return wrapped
 
 
@@ -167,5 +168,5 @@ def _under_any(path: str, roots: set[str]) -> bool:
     return any(path == r or r == "" or path.startswith(r + ".") for r in roots)
 
 
-def short(dtype: torch.dtype) -> str:
+def short(dtype: torch.dtype | None) -> str:
     return str(dtype).replace("torch.", "")

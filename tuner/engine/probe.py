@@ -24,7 +24,7 @@ from torch import nn
 
 from tuner.core.errors import DeployError, exc_line
 from tuner.core.inputs import ModelInputs
-from tuner.engine.attach import _native_ok, attach, detach
+from tuner.engine.attach import attach, detach, native_device
 from tuner.policy.plan import Plan
 
 ROOT = "(root)"
@@ -44,7 +44,7 @@ def autocast_failures(model: nn.Module, inputs: ModelInputs | tuple, plan: Plan,
     its `modules` holds what was found before. The model is detached
     afterwards (an earlier `tuner.attach` on it is undone).
     """
-    if not _native_ok(plan.policy()):
+    if native_device(plan.policy()) is None:
         return {}
     inputs = ModelInputs.of(inputs)
     found: dict[str, str] = {}

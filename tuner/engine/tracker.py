@@ -18,6 +18,13 @@ OUTSIDE = "-"  # module path of op calls made outside any module
 
 
 class ModuleTracker:
+    """The stack of running modules, kept by forward hooks on every module (`install`) or by a caller
+    that drives `enter_module`/`exit_module` itself (hooks on some modules only, a wrapped forward).
+
+    `on_enter(module, path)` returns a token kept with the entry and handed to `on_exit(module, path,
+    token)`; `on_root_enter()` runs when a module is entered on an empty stack (a new forward).
+    """
+
     def __init__(self, root: nn.Module | None = None,
                  on_enter: Callable[[nn.Module, str], Any] | None = None,
                  on_exit: Callable[[nn.Module, str, Any], None] | None = None,
@@ -39,6 +46,7 @@ class ModuleTracker:
         return st
 
     def current_path(self) -> str:
+        """The innermost running module's path; OUTSIDE when none runs."""
         st = self.stack
         return st[-1][1] if st else OUTSIDE
 
@@ -51,7 +59,8 @@ class ModuleTracker:
             self._names[root] = names
         return names
 
-    def _pre(self, module: nn.Module, args: Any) -> None:
+    def enter_module(self, module: nn.Module, args: Any = None) -> None:
+        """Push `module` (a forward pre-hook's signature)."""
         st = self.stack
         if not st:
             root = self._fixed_root if self._fixed_root is not None else module
@@ -62,11 +71,13 @@ class ModuleTracker:
         path = names.get(id(module))
         if path is None:
             parent = st[-1][1] if st else OUTSIDE
-            path = f"{parent}.<{type(module).__name__}>" if parent not in ("", OUTSIDE) else f"<{type(module).__name__}>"
+            unnamed = f"<{type(module).__name__}>"
+            path = f"{parent}.{unnamed}" if parent not in ("", OUTSIDE) else unnamed
         token = self._on_enter(module, path) if self._on_enter is not None else None
         st.append((module, path, token))
 
-    def _post(self, module: nn.Module, args: Any, output: Any) -> None:
+    def exit_module(self, module: nn.Module, args: Any = None, output: Any = None) -> None:
+        """Pop down to `module` (a forward hook's signature)."""
         st = self.stack
         # Pop down to this module (a forward that raised may have left entries behind).
         while st:
@@ -77,11 +88,12 @@ class ModuleTracker:
                 break
 
     def install(self) -> None:
+        """Track every module's forward (global hooks) until `remove`."""
         if self._handles:
             return
         self._handles = [
-            torch.nn.modules.module.register_module_forward_pre_hook(self._pre),
-            torch.nn.modules.module.register_module_forward_hook(self._post, always_call=True),
+            torch.nn.modules.module.register_module_forward_pre_hook(self.enter_module),
+            torch.nn.modules.module.register_module_forward_hook(self.exit_module, always_call=True),
         ]
 
     def remove(self) -> None:

@@ -14,6 +14,7 @@ ranks by the error a call adds itself and leaves those out.
 """
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from collections.abc import Callable, Mapping
@@ -23,16 +24,18 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from tuner.core.dtypes import LOWER_NAMES, parse_dtype, short_name
+from tuner.core.dtypes import short_name
 from tuner.core.inputs import ModelInputs, float_leaves, map_tensors
 from tuner.core.loader import call_forward
 from tuner.engine.attach import PolicyLike, as_plan, autocast
 from tuner.engine.function_mode import Decision
+from tuner.engine.kind import EngineKind
 from tuner.measure.flops import first_tensor, op_flops
+from tuner.measure.shares import ShareCounter
 from tuner.policy.opnames import is_neutral
 from tuner.policy.rules import Rule
 
-_LOWER_NAMES = set(LOWER_NAMES)
+_REPLAYABLE = frozenset({torch.bfloat16, torch.float16, torch.float32})  # dtypes `local_error` replays an op in
 Key = tuple[str, str, int]  # an op call: module path, op name, call index
 
 
@@ -154,8 +157,9 @@ class _Made:
             return map_tensors(args, _keep), rest
         if d.rule not in (Rule.INPLACE, Rule.INPLACE_FIRST_INPUT) or not args or not isinstance(args[0], Tensor):
             return None  # `out=` ops write a tensor that is not an input
-        entry = self._made.get(id(args[0]))
-        if entry is None or entry[0]() is not args[0] or entry[1] < 0 or _version(args[0]) != entry[1] + 1:
+        written: Tensor = args[0]
+        entry = self._made.get(id(written))
+        if entry is None or entry[1] < 0 or _version(written) != entry[1] + 1 or entry[0]() is not written:
             return None  # not made by a recorded op, or written more than once since
         return (entry[2], *map_tensors(args[1:], _keep)), rest
 
@@ -187,46 +191,77 @@ def inspect_model(model: nn.Module, inputs: ModelInputs | tuple, policy: PolicyL
                   local_errors: bool = True) -> InspectResult:
     """Explain, per op call, the precision `policy` gives `model(*args, **kwargs)` and the error it adds.
 
-    `inputs` is a ModelInputs or a tuple of positional args. Each op's FP32
-    output (and, for `local_error`, its inputs) is copied when it is made, so
-    an in-place op later in the forward (`F.relu(x, inplace=True)` after a
-    BatchNorm) cannot change the reference it is compared against. The
+    Args:
+        inputs: a ModelInputs, or a tuple of positional args.
+        policy: a preset name, a plan file or folder, a Plan or a Policy.
+        dtype: the lower dtype (`bf16`, `fp16`); the policy's own when None.
+        modules: module path (or glob) -> dtype overrides, as for `tuner.autocast`.
+        local_errors: also replay each op on the FP32 run's inputs (`OpRecord.local_error`).
+
+    Returns:
+        An InspectResult: one OpRecord per op call of the forward, and the summary.
+
+    Each op's FP32 output (and, for `local_error`, its inputs) is copied when it
+    is made, so an in-place op later in the forward (`F.relu(x, inplace=True)`
+    after a BatchNorm) cannot change the reference it is compared against. The
     model's forward runs through `call_forward`, so a failure in it is a
     UserCodeError naming the user's line; a plan made for another model is
     refused (PlanMismatchError) before anything runs.
     """
     policy = as_plan(policy)  # a plan file is read (and checked against the model) once
-    probe = autocast(policy, dtype, model=model, modules=modules, recorder=lambda *a: None, engine="python")
-    pol, lower = probe.policy, probe.dtype
+    probe = autocast(policy, dtype, model=model, modules=modules, recorder=lambda *a: None, engine=EngineKind.PYTHON)
     call = ModelInputs.of(inputs)
-
-    ref_out: dict[Key, Any] = {}
-    ref_in: dict[Key, tuple[Callable[..., Any], tuple, dict]] = {}
-    made = _Made()
-
-    def record_ref(d: Decision, func: Callable[..., Any], args: tuple, kwargs: dict, out: Any, *raw: Any) -> None:
-        key = (d.module, d.op, d.index)
-        ref_out[key] = kept = map_tensors(out, _keep)
-        if local_errors:
-            replay = made.inputs_before(d, args, kwargs)
-            if replay is not None:
-                ref_in[key] = (func, *replay)
-            made.add(out, kept)
-
     fp32_inputs, policy_inputs = call.snapshot(), call.snapshot()  # the forward may write its inputs
-    with torch.no_grad(), autocast(policy, dtype, model=model, modules=modules, recorder=record_ref,
-                                   engine="python", dry_run=True):
-        fp32_output = call_forward(model, fp32_inputs)
-    fp32_output = map_tensors(fp32_output, _keep)
-
+    run = functools.partial(autocast, policy, dtype, model=model, modules=modules, engine=EngineKind.PYTHON)
+    reference = _reference_pass(model, fp32_inputs, run, local_errors)
     records: list[OpRecord] = []
+    counter = ShareCounter()
 
-    def local_error(d: Decision, key: Key, ref: Any) -> float | None:
-        """The op re-run on the FP32 run's inputs in the dtype it computed in here."""
-        if key not in ref_in or d.compute not in ("bf16", "fp16", "fp32"):
+    def record_policy(d: Decision, func: Callable[..., Any], args: tuple, kwargs: dict, out: Any, *raw: Any) -> None:
+        records.append(reference.record(d, args, kwargs, out))
+        counter.count(d, records[-1].flops)
+
+    with torch.no_grad(), run(recorder=record_policy):
+        output = call_forward(model, policy_inputs)
+    first_bad = next((r.label for r in records if r.nonfinite
+                      and _all_finite(reference.outputs.get((r.module, r.op, r.index)))), None)
+    shares = counter.shares
+    summary = InspectSummary(
+        calls=shares.calls, lower_calls=shares.lower_calls, lower_call_share=shares.call_share,
+        flops=shares.flops, lower_flops=shares.lower_flops, lower_flop_share=shares.flop_share,
+        casts=sum(r.casts for r in records), output_error=relative_error(output, reference.output),
+        first_nonfinite=first_bad, dtype=short_name(probe.dtype), policy=probe.policy.name)
+    return InspectResult(records=records, summary=summary)
+
+
+@dataclass
+class _Reference:
+    """What the FP32 pass leaves for comparing the policy's pass with: each call's output, and the
+    op and inputs to replay it on (for `local_error`)."""
+
+    outputs: dict[Key, Any] = field(default_factory=dict)
+    replays: dict[Key, tuple[Callable[..., Any], tuple, dict]] = field(default_factory=dict)
+    output: Any = None  # the model's FP32 output
+
+    def record(self, d: Decision, args: tuple, kwargs: dict, out: Any) -> OpRecord:
+        """The OpRecord of one call of the policy's pass, compared with the same call here."""
+        key = (d.module, d.op, d.index)
+        ref = self.outputs.get(key)
+        o = first_tensor(out)
+        return OpRecord(
+            module=d.module, op=d.op, index=d.index, input_dtypes=d.in_dtype_names, dtype=d.compute_name,
+            output_dtype=short_name(o.dtype) if o is not None else "-", rule=d.rule, reason=d.reason,
+            casts=d.casts, flops=op_flops(d.op, args, kwargs, out),
+            error=relative_error(out, ref) if ref is not None else None,
+            local_error=self.local_error(d, key, ref) if ref is not None else None,
+            nonfinite=not _all_finite(out), neutral=is_neutral(d.op, args, kwargs))
+
+    def local_error(self, d: Decision, key: Key, ref: Any) -> float | None:
+        """The op re-run on the FP32 run's inputs in the dtype it computed in under the policy."""
+        if key not in self.replays or d.compute not in _REPLAYABLE:
             return None
-        rfunc, rargs, rkwargs = ref_in[key]
-        target = parse_dtype(d.compute)
+        rfunc, rargs, rkwargs = self.replays[key]
+        target = d.compute
         rargs = _cast_floats(rargs, target)
         if d.rule.mutates:  # the op writes its first argument: never the kept FP32 value itself
             rargs = (rargs[0].clone(), *rargs[1:])
@@ -235,32 +270,22 @@ def inspect_model(model: nn.Module, inputs: ModelInputs | tuple, policy: PolicyL
         except Exception:  # noqa: BLE001 - an op that cannot be replayed simply has no local error
             return None
 
-    def record_policy(d: Decision, func: Callable[..., Any], args: tuple, kwargs: dict, out: Any, *raw: Any) -> None:
+
+def _reference_pass(model: nn.Module, inputs: ModelInputs, run: Callable[..., autocast],
+                    local_errors: bool) -> _Reference:
+    """The FP32 pass: the policy's engine in dry-run mode (same calls and indices, nothing cast)."""
+    reference = _Reference()
+    made = _Made()
+
+    def record_ref(d: Decision, func: Callable[..., Any], args: tuple, kwargs: dict, out: Any, *raw: Any) -> None:
         key = (d.module, d.op, d.index)
-        ref = ref_out.get(key)
-        o = first_tensor(out)
-        records.append(OpRecord(
-            module=d.module, op=d.op, index=d.index, input_dtypes=d.in_dtypes, dtype=d.compute,
-            output_dtype=short_name(o.dtype) if o is not None else "-", rule=d.rule, reason=d.reason,
-            casts=d.casts, flops=op_flops(d.op, args, kwargs, out),
-            error=relative_error(out, ref) if ref is not None else None,
-            local_error=local_error(d, key, ref) if ref is not None else None,
-            nonfinite=not _all_finite(out), neutral=is_neutral(d.op, args, kwargs)))
+        reference.outputs[key] = kept = map_tensors(out, _keep)
+        if local_errors:
+            replay = made.inputs_before(d, args, kwargs)
+            if replay is not None:
+                reference.replays[key] = (func, *replay)
+            made.add(out, kept)
 
-    with torch.no_grad(), autocast(policy, dtype, model=model, modules=modules, recorder=record_policy,
-                                   engine="python"):
-        output = call_forward(model, policy_inputs)
-
-    float_calls = [r for r in records if r.dtype != "-"]
-    lower_calls = [r for r in float_calls if r.dtype in _LOWER_NAMES]
-    flops = sum(r.flops for r in records)
-    lower_flops = sum(r.flops for r in lower_calls)
-    first_bad = next((r.label for r in records if r.nonfinite
-                      and _all_finite(ref_out.get((r.module, r.op, r.index)))), None)
-    summary = InspectSummary(
-        calls=len(float_calls), lower_calls=len(lower_calls),
-        lower_call_share=len(lower_calls) / len(float_calls) if float_calls else 0.0,
-        flops=flops, lower_flops=lower_flops, lower_flop_share=lower_flops / flops if flops else 0.0,
-        casts=sum(r.casts for r in records), output_error=relative_error(output, fp32_output),
-        first_nonfinite=first_bad, dtype=short_name(lower), policy=pol.name)
-    return InspectResult(records=records, summary=summary)
+    with torch.no_grad(), run(recorder=record_ref, dry_run=True):
+        reference.output = map_tensors(call_forward(model, inputs), _keep)
+    return reference

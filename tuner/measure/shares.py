@@ -24,11 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.core.dtypes import LOWER_NAMES
 from tuner.engine.function_mode import Decision
 from tuner.measure.flops import op_flops
-
-_LOWER_NAMES = frozenset(LOWER_NAMES)
 
 
 @dataclass(frozen=True)
@@ -72,22 +69,26 @@ class Shares:
 class ShareCounter:
     """An engine-recorder companion: call `add` with each Decision; `shares` is the running total.
 
-    Counts like `inspect_model`'s summary: a call is a floating-point call when
-    it computed in some dtype (compute != "-"), a lower call when that dtype
-    is bf16/fp16; FLOPs are `op_flops` of every call, lower FLOPs those of
-    the lower calls.
+    `inspect_model`'s summary counts with it too: a call is a floating-point
+    call when it computed in some dtype (`compute` is not None), a lower call
+    when that dtype is bf16/fp16 (`Decision.lowered`); FLOPs are `op_flops` of
+    every call, lower FLOPs those of the lower calls.
     """
 
     def __init__(self) -> None:
         self._calls = self._lower_calls = self._flops = self._lower_flops = 0
 
     def add(self, decision: Decision, args: tuple, kwargs: dict, out: Any) -> None:
-        flops = op_flops(decision.op, args, kwargs, out)
+        """Count one call (the recorder's arguments)."""
+        self.count(decision, op_flops(decision.op, args, kwargs, out))
+
+    def count(self, decision: Decision, flops: int) -> None:
+        """Count one call whose FLOPs are known."""
         self._flops += flops
-        if decision.compute == "-":
+        if decision.compute is None:
             return
         self._calls += 1
-        if decision.compute in _LOWER_NAMES:
+        if decision.lowered:
             self._lower_calls += 1
             self._lower_flops += flops
 

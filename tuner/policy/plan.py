@@ -35,9 +35,11 @@ class OpInstance:
     index: int = 0
 
     def key(self) -> tuple[str, str, int]:
+        """(module, op, index): the key of `PrecisionEngine.instance_overrides` and of recorded Decisions."""
         return (self.module, self.op, self.index)
 
     def label(self) -> str:
+        """As printed: `encoder.0:linear#1`, `(root)` for the model's own calls."""
         mod = self.module or "(root)"
         return f"{mod}:{self.op}#{self.index}"
 
@@ -97,6 +99,17 @@ class ModelRef:
 
 @dataclass(frozen=True)
 class Plan:
+    """What `mpt tune` writes to plan.yaml: a preset, optional replacement op lists, and the overrides found.
+
+    A plan is a policy plus overrides: `preset` names the Policy (its op lists
+    replaced by `lower`/`fp32`/`promote` when given), `modules` maps module
+    paths or globs to a dtype, and `fp32_instances` are the single op calls the
+    search kept in FP32. `dtype` is the lower dtype, stored by its short name
+    (`bf16`, `fp16`). `metrics`, `model` and `checkpoint_sha256` are records of
+    the run and of the model it was made for; they do not change what runs.
+    Validated on construction (ConfigError listing every problem).
+    """
+
     dtype: str = "bf16"
     preset: str = "torch-cpu"
     lower: tuple[str, ...] | None = None
@@ -149,9 +162,11 @@ class Plan:
     # ----- resolution ---------------------------------------------------------
     @property
     def torch_dtype(self) -> torch.dtype:
+        """`dtype` as a torch.dtype."""
         return parse_dtype(self.dtype)
 
     def policy(self) -> Policy:
+        """The preset with the plan's op lists in place (a list given alone wins over the other)."""
         base = load_preset(self.preset)
         if self.lower is None and self.fp32 is None and self.promote is None:
             return base
@@ -166,9 +181,11 @@ class Plan:
                             promote=frozenset(promote))
 
     def module_overrides(self) -> dict[str, torch.dtype]:
+        """Module path or glob -> dtype, as the engine takes them."""
         return {pattern: parse_dtype(value) for pattern, value in self.modules}
 
     def instance_overrides(self) -> dict[tuple[str, str, int], torch.dtype]:
+        """(module, op, index) -> float32 for each FP32 instance, as the engine takes them."""
         return {inst.key(): torch.float32 for inst in self.fp32_instances}
 
     # ----- YAML ---------------------------------------------------------------
@@ -253,7 +270,7 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
-        """Read a plan file, or the plan of a `mpt tune` output folder."""
+        """Read a plan file, or the plan of a `mpt tune` output folder; ConfigError when it is not a valid plan."""
         path = Path(path)
         if path.is_dir():
             path = path / PLAN_NAME

@@ -15,12 +15,13 @@ from typing import Any
 
 from tuner.core.errors import ConfigError
 from tuner.core.yamlio import check_keys, load_yaml_file, read_text_file
+from tuner.policy.modes import InplaceMode, NativeDevice, UnlistedMode
 from tuner.policy.opnames import known_op_names, lookup_names, suggest
 from tuner.policy.presetfiles import preset_file
 from tuner.policy.rules import Rule
 
-UNLISTED_RULES = ("passthrough", "first_input", "fp32")
-INPLACE_RULES = ("skip", "first_input")
+UNLISTED_RULES = UnlistedMode.choices()
+INPLACE_RULES = InplaceMode.choices()
 
 
 class OpProblemKind(enum.Enum):
@@ -64,20 +65,25 @@ def check_op_names(names: Iterable[str], what: str) -> list[str]:
 
 @dataclass(frozen=True)
 class Policy:
-    """Op lists and rules. Validated on construction: an op in two lists is an error."""
+    """Op lists and rules: what a preset file holds. Validated on construction: an op in two lists is an error.
+
+    The settings `unlisted`, `inplace` and `native` may be given as their enum members or their
+    strings (as a preset file has them); they are stored as members. Raises ConfigError listing
+    every problem (unknown op names, bad settings) at once.
+    """
 
     name: str
     lower: frozenset[str] = frozenset()
     fp32: frozenset[str] = frozenset()
     promote: frozenset[str] = frozenset()
     banned: frozenset[str] = frozenset()
-    unlisted: str = "passthrough"
-    inplace: str = "skip"
+    unlisted: UnlistedMode = UnlistedMode.PASSTHROUGH
+    inplace: InplaceMode = InplaceMode.SKIP
     device: str | None = None
     dtype: str = "bf16"
     description: str = ""
     source: str = ""
-    native: str | None = None  # "cpu"/"cuda" when the lists are torch.autocast's own for that device
+    native: NativeDevice | None = None  # set when the lists are torch.autocast's own for that device
     _table: dict[str, Rule] = field(default_factory=dict, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -89,10 +95,7 @@ class Policy:
         both = sorted(self.lower & self.fp32)
         if both:
             problems.append(f"ops in both the lower-precision and the FP32 list: {', '.join(both)}")
-        if self.unlisted not in UNLISTED_RULES:
-            problems.append(f"unlisted: expected one of {', '.join(UNLISTED_RULES)}, found {self.unlisted!r}")
-        if self.inplace not in INPLACE_RULES:
-            problems.append(f"inplace: expected one of {', '.join(INPLACE_RULES)}, found {self.inplace!r}")
+        problems += self._settings_problems()
         if self.device not in (None, "cpu", "cuda"):
             problems.append(f"device: expected cpu, cuda or null, found {self.device!r}")
         for attr in ("lower", "fp32", "promote", "banned"):
@@ -106,8 +109,23 @@ class Policy:
             table.update(dict.fromkeys(ops, rule))
         self._table.update(table)
 
+    def _settings_problems(self) -> list[str]:
+        """Turn the str settings into their enum members; a message for each value that is none."""
+        problems = []
+        for attr, kind, choices in (("unlisted", UnlistedMode, UNLISTED_RULES), ("inplace", InplaceMode, INPLACE_RULES),
+                                    ("native", NativeDevice, ("cpu", "cuda", "null"))):
+            value = getattr(self, attr)
+            if value is None and attr == "native":
+                continue
+            try:
+                object.__setattr__(self, attr, kind(value))
+            except ValueError:
+                problems.append(f"{attr}: expected one of {', '.join(choices)}, found {value!r}")
+        return problems
+
     @property
     def unlisted_rule(self) -> Rule:
+        """The rule for ops no list names."""
         return Rule.unlisted(self.unlisted)
 
     def lookup(self, name: str) -> tuple[Rule, str]:
@@ -139,9 +157,9 @@ class Policy:
             "source": self.source,
             "dtype": self.dtype,
             "device": self.device,
-            "native": self.native,
-            "unlisted": self.unlisted,
-            "inplace": self.inplace,
+            "native": self.native.value if self.native is not None else None,
+            "unlisted": self.unlisted.value,
+            "inplace": self.inplace.value,
             "lower": sorted(self.lower),
             "fp32": sorted(self.fp32),
             "promote": sorted(self.promote),
@@ -190,7 +208,10 @@ _PRESET_CACHE: dict[str, Policy] = {}
 
 
 def load_preset(name: str) -> Policy:
-    """A shipped preset by name (`hmp`, `gaudi`, `xla`, `torch-cpu`...)."""
+    """A shipped preset by name (`hmp`, `gaudi`, `xla`, `torch-cpu`...), read once and cached.
+
+    Raises ConfigError for an unknown name, with the closest names (or all of them).
+    """
     if name in _PRESET_CACHE:
         return _PRESET_CACHE[name]
     path = preset_file(name)
@@ -202,8 +223,9 @@ def load_preset(name: str) -> Policy:
 def read_op_list(path: str | Path) -> list[str]:
     """Read an op-list file: newline-separated names (HMP/Gaudi format) or YAML (a list, or `ops:`).
 
-    `#` starts a comment in text files. Unknown names and duplicates are errors,
-    all reported at once with suggestions.
+    `#` starts a comment in text files. Returns the names in file order.
+    Raises ConfigError for a missing file, and for unknown names and
+    duplicates, all reported at once with suggestions.
     """
     path = Path(path)
     if not path.is_file():

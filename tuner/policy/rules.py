@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from enum import Enum
 
+from tuner.policy.modes import UnlistedMode
+
 
 class Rule(str, Enum):
     """The reason for one op call's precision; `.text` is what `mpt inspect` shows."""
@@ -62,7 +64,7 @@ class Rule(str, Enum):
         return f"{self.text}: {detail}" if self.override else f"{self.text} ({detail})"
 
     @classmethod
-    def unlisted(cls, setting: str) -> Rule:
+    def unlisted(cls, setting: UnlistedMode) -> Rule:
         """The rule for an op no list names, from a policy's `unlisted:` setting."""
         return _UNLISTED[setting]
 
@@ -88,6 +90,7 @@ _TEXT = {
 }
 _MUTATES = frozenset({Rule.INPLACE, Rule.INPLACE_FIRST_INPUT, Rule.OUT, Rule.OUT_FIRST_INPUT})
 _FORCED = _MUTATES | {Rule.EXPLICIT_DTYPE, Rule.FLOAT64, Rule.OTHER_DEVICE, Rule.NO_FLOAT}
-_UNLISTED = {"passthrough": Rule.PASSTHROUGH, "first_input": Rule.FIRST_INPUT, "fp32": Rule.UNLISTED_FP32}
+_UNLISTED = {UnlistedMode.PASSTHROUGH: Rule.PASSTHROUGH, UnlistedMode.FIRST_INPUT: Rule.FIRST_INPUT,
+             UnlistedMode.FP32: Rule.UNLISTED_FP32}
 
 __all__ = ["Rule"]

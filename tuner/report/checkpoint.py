@@ -25,6 +25,7 @@ from tuner.core.inputs import ModelInputs
 from tuner.core.output_files import CHECKPOINT_NAME, PLAN_NAME
 from tuner.engine.attach import attach, check_plan_fits
 from tuner.engine.function_mode import Decision, PrecisionEngine
+from tuner.engine.kind import EngineKind
 from tuner.measure.shares import ShareCounter, Shares
 from tuner.policy.plan import Plan
 
@@ -142,7 +143,7 @@ def _unaliased(t: Tensor, spans: dict[tuple[str, int], list[tuple[int, int]]]) -
     return t
 
 
-def load(model: nn.Module, directory: str | Path, *, engine: str = "auto") -> nn.Module:
+def load(model: nn.Module, directory: str | Path, *, engine: str | EngineKind = EngineKind.AUTO) -> nn.Module:
     """Load `mpt tune`'s output into a freshly built FP32 model and attach its plan.
 
     The returned model runs under the plan with no `with` block. Raises

@@ -1,17 +1,16 @@
-"""What the search reads off an engine `Decision`: the one place that knows how a Decision spells a dtype."""
+"""What the search reads off an engine `Decision`, named for the search's questions."""
 from __future__ import annotations
 
-from tuner.core.dtypes import LOWER_NAMES
-from tuner.engine.function_mode import Decision
+import torch
 
-_LOWER_NAMES = frozenset(LOWER_NAMES)
+from tuner.engine.function_mode import Decision
 
 
 def runs_low(decision: Decision) -> bool:
     """The call computed in a lower precision (bf16/fp16)."""
-    return decision.compute in _LOWER_NAMES
+    return decision.lowered
 
 
 def inputs_all_fp32(decision: Decision) -> bool:
     """The call had floating-point inputs, and every one of them was FP32."""
-    return bool(decision.in_dtypes) and all(t == "fp32" for t in decision.in_dtypes)
+    return bool(decision.in_dtypes) and all(t is torch.float32 for t in decision.in_dtypes)

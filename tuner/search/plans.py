@@ -11,6 +11,7 @@ from tuner.core.inputs import ModelInputs
 from tuner.core.loader import call_forward
 from tuner.engine.attach import autocast
 from tuner.engine.function_mode import Decision
+from tuner.engine.kind import EngineKind
 from tuner.options.tune import TuneOptions
 from tuner.policy.plan import OpInstance, Plan
 from tuner.policy.presets import Policy
@@ -40,6 +41,6 @@ def no_op_overrides(model: nn.Module, inputs: ModelInputs, plan: Plan, policy: P
         if inst in wanted and policy.lookup(d.op)[0] in _FROM_INPUTS and inputs_all_fp32(d):
             idle.add(inst)
 
-    with torch.no_grad(), autocast(plan, model=model, recorder=record, engine="python"):
+    with torch.no_grad(), autocast(plan, model=model, recorder=record, engine=EngineKind.PYTHON):
         call_forward(model, inputs)
     return idle

@@ -63,7 +63,7 @@ class _InputRecorder:
 
 class TuneSession:
     def __init__(self, build: Callable[[], nn.Module], evaluate: Callable[[nn.Module], Any],
-                 example_inputs: Callable[[], tuple] | tuple | None, options: TuneOptions, *,
+                 example_inputs: Callable[[], Any] | Any, options: TuneOptions, *,
                  journal: Journal | SharedJournal | None = None,
                  on_event: Callable[[TuneEvent], None] | None = None, started: float | None = None,
                  keeper: ModelKeeper | None = None, ranks: Ranks | None = None) -> None:

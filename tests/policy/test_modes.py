@@ -4,7 +4,8 @@ import yaml
 
 from tuner.core.errors import ConfigError
 from tuner.policy.modes import InplaceMode, NativeDevice, UnlistedMode
-from tuner.policy.presets import Policy, load_preset, preset_names
+from tuner.policy.presetfiles import preset_names
+from tuner.policy.presets import Policy, load_preset
 from tuner.policy.rules import Rule
 
 

@@ -57,6 +57,23 @@ def test_a_module_imports_only_its_own_layer_and_those_below(path):
         assert layer is None or layer in allowed, f"{_name(path)} ({own}) imports {module} ({layer})"
 
 
+def test_the_library_imports_its_own_modules_at_the_top():
+    """A function-local import hides a dependency from the reader (and once hid a cycle)."""
+    hidden = []
+    for path in _modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                hidden += [f"{path.relative_to(ROOT)}:{sub.lineno}" for sub in ast.walk(node)
+                           if isinstance(sub, (ast.Import, ast.ImportFrom)) and "tuner" in _imports_of(sub)]
+    assert not hidden, hidden
+
+
+def _imports_of(node: ast.Import | ast.ImportFrom) -> set[str]:
+    if isinstance(node, ast.ImportFrom):
+        return {(node.module or "").split(".")[0]}
+    return {a.name.split(".")[0] for a in node.names}
+
+
 def test_there_is_no_import_cycle():
     graph = {_name(p): {m for m in _imports(p) if m != "tuner"} for p in _modules()}
     state: dict[str, int] = {}

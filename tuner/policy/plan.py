@@ -17,8 +17,9 @@ import torch
 import yaml
 
 from tuner.core.dtypes import parse_dtype, short_name
-from tuner.core.errors import ConfigError
+from tuner.core.errors import ConfigError, PlanMismatchError
 from tuner.core.fileio import atomic_write_text
+from tuner.core.fingerprint import structure_digest
 from tuner.core.output_files import PLAN_NAME
 from tuner.core.yamlio import check_keys, load_yaml_file
 from tuner.policy.presets import Policy, check_op_names, load_preset
@@ -89,9 +90,6 @@ class ModelRef:
         """PlanMismatchError when `model` is not the architecture this was made for."""
         if not self.structure:
             return
-        from tuner.core.errors import PlanMismatchError
-        from tuner.core.fingerprint import structure_digest
-
         if structure_digest(model) != self.structure:
             raise PlanMismatchError(f"{what} was made for another model ({self.file}): its module tree or "
                                     "parameter shapes differ from this model's")

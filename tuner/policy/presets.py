@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.core.errors import ConfigError
+from tuner.core.fileio import atomic_write_text
 from tuner.core.yamlio import check_keys, load_yaml_file, read_text_file
 from tuner.policy.modes import InplaceMode, NativeDevice, UnlistedMode
 from tuner.policy.opnames import known_op_names, lookup_names, suggest
@@ -255,8 +256,6 @@ def read_op_list(path: str | Path) -> list[str]:
 
 def write_op_list(path: str | Path, names: Iterable[str], header: str = "") -> None:
     """Write names one per line (sorted), the format HMP and Gaudi read."""
-    from tuner.core.fileio import atomic_write_text
-
     lines = [f"# {line}" for line in header.splitlines()] if header else []
     lines += sorted(set(names))
     atomic_write_text(path, "\n".join(lines) + "\n")

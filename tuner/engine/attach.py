@@ -1,10 +1,11 @@
 """The public ways to turn a policy on: `with tuner.autocast(...)`, `tuner.convert()`, `tuner.attach()`."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -277,14 +278,21 @@ def _full_forward(model: nn.Module, eng: PrecisionEngine) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def forward(*args: Any, **kwargs: Any) -> Any:
-        with eng:
-            eng.tracker.enter_module(model, args)
-            try:
-                return original(*args, **kwargs)
-            finally:
-                eng.tracker.exit_module(model, args, None)
+        with _engine_on(eng, model, args):
+            return original(*args, **kwargs)
 
     return forward
+
+
+@contextlib.contextmanager
+def _engine_on(eng: PrecisionEngine, model: nn.Module, args: tuple) -> Iterator[None]:
+    """`eng` active with `model` on its module stack: the root's own calls are attributed to the root."""
+    with eng:
+        eng.tracker.enter_module(model, args)
+        try:
+            yield
+        finally:
+            eng.tracker.exit_module(model, args, None)
 
 
 def _scoped_forward(model: nn.Module, pol: Policy, device: NativeDevice, lower: torch.dtype, mods: dict,
@@ -334,12 +342,8 @@ def _scoped_forward(model: nn.Module, pol: Policy, device: NativeDevice, lower: 
         depth[0] += 1
         try:
             if root_scoped:
-                with eng:
-                    eng.tracker.enter_module(model, args)
-                    try:
-                        return original(*args, **kwargs)
-                    finally:
-                        eng.tracker.exit_module(model, args, None)
+                with _engine_on(eng, model, args):
+                    return original(*args, **kwargs)
             with torch.autocast(device.value, dtype=lower):
                 return original(*args, **kwargs)
         finally:

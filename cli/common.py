@@ -146,7 +146,7 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise
         except click.ClickException:
             raise
-        except Exception as exc:  # a bug in mpt
+        except Exception as exc:  # noqa: BLE001 - a bug in mpt: one line, exit 1, the traceback with --debug
             _fail(ctx, exitcodes.INTERNAL, f"internal error: {type(exc).__name__}: {exc} (run with --debug and "
                   "report it)", trace=functools.partial(traceback.print_exception, exc, file=sys.stderr)
                   if debug else None)

@@ -62,7 +62,7 @@ def load_yaml_file(path: str | Path) -> Any:
         raise ConfigError(f"file not found: {path}")
     text = read_text_file(path)
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+        return yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader that also refuses aliases
     except _AliasRefused as exc:
         raise ConfigError(f"YAML aliases (*{exc.anchor}) are not supported{_at(exc.mark)}",
                           source=str(path)) from None

@@ -73,7 +73,7 @@ def _policy(options: InspectOptions) -> Policy | Plan | str:
     return custom_policy(load_preset(preset), lower=lists["lower"], fp32=lists["fp32"])
 
 
-def inspect(options: InspectOptions) -> InspectRun:  # noqa: A001 (tuner.inspect; the stdlib module is not shadowed)
+def inspect(options: InspectOptions) -> InspectRun:  # public as tuner.inspect; shadows no module
     """Run the model file's example_inputs() in FP32 and under the policy, and explain every op call.
 
     The model is built in eval mode, as `mpt tune` and `mpt check` run it (no

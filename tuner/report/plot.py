@@ -21,7 +21,7 @@ def _nice_ticks(lo: float, hi: float, n: int = 5) -> tuple[list[float], int]:
 
 def _front(pts: list[tuple[float, float]], lower_is_better: bool) -> list[tuple[float, float]]:
     """The trade-off curve: trials no other trial beats on both share and metric, by share."""
-    better = (lambda a, b: a <= b) if lower_is_better else (lambda a, b: a >= b)  # noqa: E731
+    better = (lambda a, b: a <= b) if lower_is_better else (lambda a, b: a >= b)
     front = [p for p in pts if not any(q != p and q[0] >= p[0] and better(q[1], p[1]) for q in pts)]
     return sorted(set(front))
 

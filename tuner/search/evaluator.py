@@ -135,7 +135,7 @@ class Evaluator:
             t0 = time.monotonic()
             try:
                 metric = _to_float(self._evaluate(model))
-            except Exception as exc:  # noqa: BLE001 - the baseline re-raises; a trial fails
+            except Exception as exc:
                 if baseline or self.ranks.distributed:  # a rank cannot tell whether the others raised too: stop all
                     raise
                 error = _describe(exc)

@@ -12,6 +12,7 @@ Test switches (environment):
   MPT_TEST_NO_REDUCE=1    forget the all-reduce: each rank returns its own shard's count
   MPT_TEST_HANG=R:N       rank R hangs (sleeps an hour) at its Nth evaluate() call
   MPT_TEST_SLEEP=S        each evaluate() call sleeps S seconds first (to interrupt a run)
+  MPT_TEST_RANK_WEIGHTS=1 build_model() on a rank other than 0 perturbs the weights (seeded by RANK)
 """
 import os
 import time
@@ -32,7 +33,14 @@ def _rank_and_size() -> tuple[int, int]:
 
 
 def build_model():
-    return _TASK.build()
+    model = _TASK.build()
+    rank = int(os.environ.get("RANK", "0"))
+    if os.environ.get("MPT_TEST_RANK_WEIGHTS") and rank > 0:
+        g = torch.Generator().manual_seed(rank)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.01 * torch.randn(p.shape, generator=g))
+    return model
 
 
 def evaluate(model):

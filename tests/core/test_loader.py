@@ -549,3 +549,46 @@ def test_inputs_raising(tmp_path):
         user.example_inputs()
     assert info.value.where == f"model.py:{line_of(user.path, 'torch.load(')}"
     assert one_line(info.value).startswith("example_inputs raised FileNotFoundError")
+
+
+# --- the user's files a model file imports -------------------------------------------------------------------
+def test_files_hold_every_user_file_the_model_file_imports(tmp_path):
+    """A sibling module, a package of the user's and what they import in turn; not torch's or the stdlib's."""
+    tag = uuid.uuid4().hex[:8]
+    write(tmp_path, f"metric_{tag}.py", f"import json\nfrom helper_{tag} import scale\n\n"
+                                        "def score(y):\n    return float(y.sum()) * scale\n")
+    write(tmp_path, f"helper_{tag}.py", "scale = 1.0\n")
+    (tmp_path / f"pkg_{tag}").mkdir()
+    write(tmp_path / f"pkg_{tag}", "__init__.py", "")
+    write(tmp_path / f"pkg_{tag}", "layers.py", "from torch import nn\n\nclass Block(nn.Linear):\n    pass\n")
+    model = write(tmp_path, "model.py", textwrap.dedent(f"""\
+        import os
+        import torch
+        from metric_{tag} import score
+        from pkg_{tag}.layers import Block
+
+
+        def build_model():
+            torch.manual_seed(0)
+            return Block(4, 2)
+
+
+        def evaluate(model):
+            return score(model(torch.ones(1, 4)))
+    """))
+    for _ in range(2):  # the second load finds the modules already imported: the walk still sees them
+        user = load_user_model(str(model))
+        names = [f.name for f in user.files]
+        assert user.files[0] == model.resolve()
+        assert sorted(names) == sorted(["model.py", f"metric_{tag}.py", f"helper_{tag}.py", "__init__.py",
+                                        "layers.py"])
+        assert not any("torch" in str(f) or f.name == "json.py" for f in user.files)
+
+
+def test_a_spec_file_and_its_imports_are_in_files_once(tmp_path):
+    tag = uuid.uuid4().hex[:8]
+    write(tmp_path, f"util_{tag}.py", "K = 1\n")
+    write(tmp_path, "evalfile.py", f"from util_{tag} import K\n\ndef evaluate(model):\n    return float(K)\n")
+    model = write(tmp_path, "model.py", TINY)
+    user = load_user_model(str(model), eval="evalfile.py:evaluate")
+    assert [f.name for f in user.files] == ["model.py", "evalfile.py", f"util_{tag}.py"]

@@ -53,14 +53,15 @@ def torchrun(out: Path, *args: str, timeout: float = 120, **env: str) -> subproc
     return subprocess.run(cmd, cwd=ROOT, env=base_env(**env), capture_output=True, text=True, timeout=timeout)
 
 
-def start_ranks(out: Path, *args: str, **env: str) -> list[subprocess.Popen]:
-    """The two ranks as torchrun would start them, without torchrun: each one's exit code is ours to see."""
+def start_ranks(out: Path, *args: str, models: tuple[str, str] = (MODEL, MODEL), **env: str) -> list[subprocess.Popen]:
+    """The two ranks as torchrun would start them, without torchrun: each one's exit code is ours to see.
+    `models`: each rank's model file."""
     port = str(free_port())
     procs = []
     for rank in range(2):
         rank_env = base_env(**env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
                             MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        procs.append(subprocess.Popen([sys.executable, "-m", "mpt_cli", "tune", MODEL, "--out", str(out),
+        procs.append(subprocess.Popen([sys.executable, "-m", "mpt_cli", "tune", models[rank], "--out", str(out),
                                        "--no-latency", *args], cwd=ROOT, env=rank_env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     return procs
@@ -196,6 +197,32 @@ def test_a_metric_that_is_not_all_reduced_stops_every_rank(tmp_path):
     assert err0.count("mpt: error:") == 1 and "different metrics on the 2 ranks (rank 0: " in err0 \
         and "must all-reduce its metric" in err0, err0
     assert "mpt: error" not in err1
+
+
+def test_ranks_that_build_different_weights_stop_with_exit_4_naming_the_ranks(tmp_path):
+    out, counter = tmp_path / "out", tmp_path / "calls"
+    (rc0, out0, err0), (rc1, _, err1) = finish(start_ranks(out, MPT_TEST_RANK_WEIGHTS="1",
+                                                           MPT_TEST_COUNT=str(counter)))
+    assert (rc0, rc1) == (exitcodes.USER_CODE, exitcodes.USER_CODE), (err0, err1)
+    assert err0.count("mpt: error:") == 1 and re.search(r"rank 1 built different FP32 weights from rank 0 "
+                                                        r"\(rank 0: [0-9a-f]{12}, rank 1: [0-9a-f]{12}\)", err0), err0
+    assert "mpt: error" not in err1 and "Traceback" not in err0 + err1
+    assert calls(counter, 0) == calls(counter, 1) == 0  # refused before any evaluation: no mixed baseline
+    assert not (out / "plan.yaml").exists()
+
+
+def test_ranks_that_run_different_model_files_stop_with_exit_4_naming_the_ranks(tmp_path):
+    models = []
+    for rank in range(2):
+        folder = tmp_path / f"rank{rank}"
+        folder.mkdir()
+        text = Path(MODEL).read_text() + ("\n# edited on rank 1 only\n" if rank else "")
+        (folder / "dist_model.py").write_text(text)
+        models.append(str(folder / "dist_model.py"))
+    (rc0, _, err0), (rc1, _, err1) = finish(start_ranks(tmp_path / "out", models=tuple(models)))
+    assert (rc0, rc1) == (exitcodes.USER_CODE, exitcodes.USER_CODE), (err0, err1)
+    assert err0.count("mpt: error:") == 1 and "rank 1 built different model files from rank 0" in err0 \
+        and "every rank must run the same model file and the files it imports" in err0, err0
 
 
 # --- the library's pieces, in one process ------------------------------------------------------------------

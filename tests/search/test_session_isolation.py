@@ -10,6 +10,7 @@ import errno
 import json
 import shutil
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -121,6 +122,27 @@ def test_resume_after_editing_the_model_file_is_refused(runner, tmp_path, model_
     res = mpt(runner, "tune", model_py, "--out", out, "--resume", "-q")
     assert res.exit_code == exitcodes.USAGE, res.output
     assert res.stderr.startswith("mpt: error: ") and "the model file's content changed" in res.stderr
+
+
+def test_resume_after_editing_a_file_the_model_file_imports_is_refused(runner, tmp_path, model_py):
+    """A sibling module's edit changes what evaluate measures: the journal's fingerprint covers it."""
+    sibling = f"metric_{uuid.uuid4().hex[:8]}"  # a name of its own: Python caches imported modules by name
+    (tmp_path / f"{sibling}.py").write_text("SCALE = 1.0\n\n\ndef score(value):\n    return value * SCALE\n")
+    source = model_py.read_text().replace("import torch\n", f"import torch\nfrom {sibling} import score\n", 1)
+    model_py.write_text(source.replace("    return metric\n", "    return score(metric)\n"))
+    out = tmp_path / "out"
+    first = mpt(runner, "tune", model_py, "--out", out, "--max-evals", "3", "-q")
+    assert first.exit_code == exitcodes.TARGET_NOT_MET, first.output
+    header = json.loads((out / "journal.jsonl").read_text().splitlines()[0])
+    assert list(header["files"]) == ["planted.py", f"{sibling}.py"]
+    same = mpt(runner, "tune", model_py, "--out", out, "--resume", "--max-evals", "3", "-q")
+    assert same.exit_code == exitcodes.TARGET_NOT_MET, same.output  # nothing changed: it resumes
+    (tmp_path / f"{sibling}.py").write_text((tmp_path / f"{sibling}.py").read_text().replace("1.0", "0.5"))
+    res = mpt(runner, "tune", model_py, "--out", out, "--resume", "-q")
+    assert res.exit_code == exitcodes.USAGE, res.output
+    assert res.stderr.startswith("mpt: error: ") and f"cannot resume: {sibling}.py (imported by the model file) " \
+        "changed since the journal was written" in res.stderr, res.stderr
+    assert "the model file's content changed" not in res.stderr
 
 
 def test_resume_with_other_settings_names_the_setting(runner, tmp_path, model_py):

@@ -41,3 +41,21 @@ def test_a_swapped_module_is_undone_even_when_the_block_raises():
             model[0] = nn.Identity()
             raise KeyboardInterrupt
     assert keeper.rebuilds == 1 and isinstance(keeper.model[0], nn.Linear)
+
+
+def test_the_last_loan_gives_the_model_away_without_a_rebuild():
+    builds = []
+
+    def build() -> nn.Module:
+        builds.append(1)
+        torch.manual_seed(0)
+        return nn.Linear(2, 2)
+
+    keeper = ModelKeeper(build)
+    with keeper.borrowed(last=True) as model:
+        with torch.no_grad():
+            model.weight.add_(1.0)  # a checkpoint loaded into it, say
+    assert len(builds) == 1 and keeper.rebuilds == 0 and keeper.model is None
+    with pytest.raises(RuntimeError, match="last loan"):
+        with keeper.borrowed():
+            pass

@@ -1,6 +1,7 @@
 """Fingerprints: what a journal or plan was made for, so a mismatch is caught instead of reused.
 
-- `source_digest`: the bytes of the user's files (model file, eval/inputs files).
+- `source_digest`: the bytes of the user's files (model file, eval/inputs files, the user's files they
+  import); `file_digests` the same per file, to say which one changed.
 - `structure_digest`: module paths and classes, parameter/buffer names and shapes.
   Dtypes are left out on purpose: a loaded checkpoint stores some weights in
   bf16 and must still match the FP32 model it was tuned on.
@@ -38,6 +39,21 @@ def source_digest(paths: Iterable[str | Path]) -> str:
         h.update(Path(path).name.encode() + b"\0")
         h.update(bytes.fromhex(sha256_file(path)))
     return h.hexdigest()
+
+
+def file_digests(paths: Iterable[str | Path], *, base: str | Path) -> dict[str, str]:
+    """name -> sha256 of each file, in the order given; a name is the path relative to `base` where the
+    file lies under it (the model file's folder), else the full path. Says which file changed."""
+    found: dict[str, str] = {}
+    root = Path(base).resolve()
+    for p in paths:
+        path = Path(p).resolve()
+        try:
+            name = path.relative_to(root).as_posix()
+        except ValueError:
+            name = str(path)
+        found.setdefault(name, sha256_file(path))
+    return found
 
 
 def structure_digest(model: nn.Module) -> str:

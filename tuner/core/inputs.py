@@ -8,6 +8,7 @@ dicts (ModelOutput is one) and dataclasses.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -40,6 +41,54 @@ def map_tensors(x: Any, fn: Callable[[Tensor], Any]) -> Any:
         except Exception:  # noqa: BLE001 - frozen or custom __init__: leave it as it is
             return x
     return x
+
+
+def _clone(t: Tensor) -> Tensor:
+    return t.detach().clone()
+
+
+def detached_copy(x: Any, clone: Callable[[Tensor], Tensor] = _clone) -> Any:
+    """A copy of an output that nothing done later to `x` can change: every tensor replaced by a detached
+    clone (`clone`), every container rebuilt (tuples, namedtuples, lists, dicts, ModelOutput, dataclasses).
+
+    What mpt keeps to compare with (the FP32 reference output) is made with this: a forward that returns
+    the dict it was given, and fills the same dict on its next call, cannot rewrite the reference. A
+    container found twice is copied once (the copy has the same tensor leaves as `x`); objects that are
+    not containers are kept as they are (no error is computed over them).
+    """
+    return _copy(x, clone, {})
+
+
+def _copy(x: Any, clone: Callable[[Tensor], Tensor], memo: dict[int, Any]) -> Any:
+    if isinstance(x, Tensor):
+        return clone(x)
+    if id(x) in memo:  # shared, or a cycle (None: the copy is still being made)
+        return memo[id(x)]
+    if isinstance(x, (list, tuple, Mapping)) or (dataclasses.is_dataclass(x) and not isinstance(x, type)):
+        memo[id(x)] = None
+        memo[id(x)] = made = _rebuilt(x, clone, memo)
+        return made
+    return x
+
+
+def _rebuilt(x: Any, clone: Callable[[Tensor], Tensor], memo: dict[int, Any]) -> Any:
+    if isinstance(x, tuple) and hasattr(x, "_fields"):  # namedtuple
+        return type(x)(*(_copy(i, clone, memo) for i in x))
+    if isinstance(x, (list, tuple)):
+        items = [_copy(i, clone, memo) for i in x]
+        return tuple(items) if isinstance(x, tuple) else items
+    if isinstance(x, Mapping):
+        mapped = {k: _copy(v, clone, memo) for k, v in x.items()}
+        try:
+            rebuild: Any = type(x)
+            return rebuild(mapped)
+        except Exception:  # noqa: BLE001 - a mapping type that cannot be built from a dict
+            return mapped
+    fields = {f.name: _copy(getattr(x, f.name), clone, memo) for f in dataclasses.fields(x) if hasattr(x, f.name)}
+    made = copy.copy(x)  # a dataclass: frozen ones and those with their own __init__ included
+    for name, value in fields.items():
+        object.__setattr__(made, name, value)
+    return made
 
 
 def tensor_leaves(x: Any) -> list[Tensor]:

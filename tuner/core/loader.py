@@ -7,17 +7,20 @@ user's file and line rather than a traceback through torch and mpt.
 """
 from __future__ import annotations
 
+import ast
 import functools
 import importlib.util
 import itertools
 import numbers
 import os
 import re
+import site
 import sys
+import sysconfig
 import threading
 import traceback
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,8 +30,8 @@ import torch
 from tuner.core.errors import ConfigError, UserCodeError
 from tuner.core.inputs import ModelInputs
 
-__all__ = ["UserModel", "load_user_model", "call_user", "call_forward", "DEFAULT_BUILD", "DEFAULT_EVAL",
-           "DEFAULT_INPUTS"]
+__all__ = ["UserModel", "load_user_model", "call_user", "call_forward", "imported_user_files", "DEFAULT_BUILD",
+           "DEFAULT_EVAL", "DEFAULT_INPUTS"]
 
 DEFAULT_BUILD = "build_model"
 DEFAULT_EVAL = "evaluate"
@@ -49,7 +52,9 @@ class UserModel:
     `eval_fn` is None only when loaded with `require_eval=False` from a file
     without an evaluate function; `inputs_fn` is None when there is no
     example_inputs function. `files` are the user's files that were imported
-    (the model file first): what a journal or plan fingerprints as its source.
+    (the model file first), and every user file they import in turn (a
+    sibling `metric.py`, a package of the user's: `imported_user_files`):
+    what a journal or plan fingerprints as its source.
     """
 
     path: Path
@@ -119,13 +124,120 @@ def load_user_model(spec: str, *, model: str | None = None, eval: str | None = N
     path = _check_file(path_text, "model file")
     if build_name is not None and model is not None and model != build_name:
         raise ConfigError(f"the build function is given twice ({spec!r} and {model!r}); give one")
+    before = set(sys.modules)
     modules: dict[Path, types.ModuleType] = {path: _import_file(path)}
 
     build_fn = _pick(model if model is not None else build_name, DEFAULT_BUILD, "model", path, modules, True)
     eval_fn = _pick(eval, DEFAULT_EVAL, "eval", path, modules, require_eval)
     inputs_fn = _pick(inputs, DEFAULT_INPUTS, "inputs", path, modules, False)
     assert build_fn is not None
-    return UserModel(path=path, build_fn=build_fn, eval_fn=eval_fn, inputs_fn=inputs_fn, files=tuple(modules))
+    fresh = [m for name, m in list(sys.modules.items()) if name not in before and isinstance(m, types.ModuleType)]
+    files = imported_user_files([*modules.values(), *fresh])
+    return UserModel(path=path, build_fn=build_fn, eval_fn=eval_fn, inputs_fn=inputs_fn,
+                     files=(*modules, *(f for f in files if f not in modules)))
+
+
+# --- the user's files a model file depends on -----------------------------------------------------------------
+
+MAX_USER_FILES = 5000  # a bound on the walk below (a source checkout of a large library is about this size)
+
+
+@functools.lru_cache(maxsize=1)
+def _library_dirs() -> tuple[str, ...]:
+    """Folders whose files are not the user's: the standard library, site-packages, torch and mpt itself."""
+    dirs = {os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+            os.path.dirname(os.__file__)}
+    for scheme_vars in ({}, {"base": sys.base_prefix, "platbase": sys.base_exec_prefix}):
+        paths = sysconfig.get_paths(vars=scheme_vars) if scheme_vars else sysconfig.get_paths()
+        dirs.update(paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths)
+    try:
+        dirs.update(site.getsitepackages())
+        dirs.add(site.getusersitepackages())
+    except AttributeError:  # pragma: no cover - a virtualenv's old site module
+        pass
+    return tuple(sorted({_norm(d) + os.sep for d in dirs if d}))
+
+
+def _user_file(module: types.ModuleType) -> Path | None:
+    """The module's .py file when it is the user's (not the standard library's, a package's, torch's or mpt's)."""
+    file = getattr(module, "__file__", None)
+    if not isinstance(file, str) or not file.endswith(".py") or not os.path.isfile(file):
+        return None
+    norm = _norm(file)
+    return None if norm.startswith(_library_dirs()) else Path(norm)
+
+
+def _referenced_modules(module: types.ModuleType) -> Iterator[types.ModuleType]:
+    """The modules a module's namespace refers to: imported modules, and the modules that define the
+    functions, classes and objects it imported from them (`from metric import score`), and its parent
+    packages (whose `__init__.py` ran when it was imported)."""
+    name = getattr(module, "__name__", "")
+    while isinstance(name, str) and "." in name:
+        name = name.rsplit(".", 1)[0]
+        parent = sys.modules.get(name)
+        if isinstance(parent, types.ModuleType):
+            yield parent
+    for imported in _import_statements(module):
+        found = sys.modules.get(imported)
+        if isinstance(found, types.ModuleType):
+            yield found
+    for value in list(vars(module).values()):
+        if isinstance(value, types.ModuleType):
+            yield value
+            continue
+        name = getattr(value, "__module__", None) if isinstance(value, (type, types.FunctionType)) \
+            else getattr(type(value), "__module__", None)
+        found = sys.modules.get(name) if isinstance(name, str) else None
+        if isinstance(found, types.ModuleType):
+            yield found
+
+
+def _import_statements(module: types.ModuleType) -> list[str]:
+    """The module names the module's source imports (`import a.b`, `from .c import d`, in function bodies
+    too): a constant imported from a module (`from helper import scale`) leaves no trace in the namespace."""
+    try:
+        tree = ast.parse(Path(module.__file__ or "").read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return []
+    package = getattr(module, "__package__", None) or ""
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".") if package else []
+                parts = parts[:len(parts) - node.level + 1] if node.level <= len(parts) else []
+                base = ".".join(p for p in (*parts, base) if p)
+            if base:
+                names.append(base)
+                names += [f"{base}.{alias.name}" for alias in node.names]  # `from pkg import submodule`
+    return names
+
+
+def imported_user_files(roots: Iterable[types.ModuleType]) -> list[Path]:
+    """The user's files among `roots` and every user module they refer to, transitively, in the order found.
+
+    A module counts as the user's when its file is outside the standard library, site-packages, torch
+    and mpt: a sibling `metric.py` the model file imports, a package of the user's (installed editable or
+    on sys.path). What one imports only inside a function body, and has not imported yet, is not seen.
+    """
+    files: list[Path] = []
+    seen: set[int] = set()
+    stack = list(roots)[::-1]
+    while stack and len(files) < MAX_USER_FILES:
+        module = stack.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        file = _user_file(module)
+        if file is None:
+            continue
+        if file not in files:
+            files.append(file)
+        stack.extend(reversed(list(_referenced_modules(module))))
+    return files
 
 
 def call_user(fn: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -> Any:

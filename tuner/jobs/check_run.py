@@ -4,7 +4,10 @@
 (twice or more, to see how noisy `evaluate` is), applies the plan (as
 `tuner.load` would) and judges the metric against the target the plan's
 tolerance gives against the new baseline. A miss smaller than the noise is
-not a regression (`tuner.search.noise.Acceptance.holds`). `junit_xml` turns an
+not a regression (`tuner.search.noise.Acceptance.holds`). Every evaluation
+borrows the model from a `ModelKeeper`, as in `mpt tune`: one that changed
+the model gets it rebuilt before the next, so such a change never passes for
+noise. `junit_xml` turns an
 outcome into the report CI systems read.
 """
 from __future__ import annotations
@@ -33,6 +36,7 @@ from tuner.options.tune import TuneOptions
 from tuner.policy.plan import Plan
 from tuner.report.checkpoint import load
 from tuner.search.noise import Acceptance, Baseline, measure_baseline
+from tuner.workspace.keeper import ModelKeeper
 from tuner.workspace.modelref import resolve_model_ref
 
 __all__ = ["CheckResult", "check_plan", "plan_location", "junit_xml", "write_junit"]
@@ -170,15 +174,19 @@ def _tolerance(options: CheckOptions, metrics: dict[str, Any], plan_file: Path) 
     return tolerance
 
 
-def _fp32_baseline(user: UserModel, plan: Plan, folder: Path, device: str) -> Baseline:
-    """The FP32 baseline of the model as it is built now (which must still fit the plan); the model is freed after."""
-    fp32_model = user.build().to(device).eval()
+def _fp32_baseline(user: UserModel, keeper: ModelKeeper, plan: Plan, folder: Path) -> Baseline:
+    """The FP32 baseline of the model as it is built now (which must still fit the plan).
+
+    Every evaluation borrows the model from `keeper`, as in `mpt tune`: an `evaluate` that changes the
+    model (trains it, folds its layers) gets it rebuilt before the next one, so its change cannot pass
+    for noise (and widen the margin the verdict allows)."""
     if plan.model is not None:
-        plan.model.check_structure(fp32_model, what=f"the plan in {folder}")
-    _check_modules(fp32_model, plan)
+        plan.model.check_structure(keeper.model, what=f"the plan in {folder}")
+    _check_modules(keeper.model, plan)
 
     def evaluate_fp32() -> float:
-        value = user.evaluate(fp32_model)
+        with keeper.borrowed() as model:
+            value = user.evaluate(model)
         if not math.isfinite(value):
             raise UserCodeError(f"evaluate returned {value} for the FP32 model; the baseline must be finite")
         return value
@@ -186,26 +194,30 @@ def _fp32_baseline(user: UserModel, plan: Plan, folder: Path, device: str) -> Ba
     return measure_baseline(evaluate_fp32)
 
 
-def _planned_metric(user: UserModel, plan: Plan, folder: Path, plan_file: Path,
+def _planned_metric(user: UserModel, keeper: ModelKeeper, plan: Plan, folder: Path, plan_file: Path,
                     options: CheckOptions) -> tuple[float, list[str]]:
-    """The metric of the model under the plan (or with the stored checkpoint), and warnings about a stale plan."""
-    tuned = user.build().to(options.device).eval()
+    """The metric of the model under the plan (or with the stored checkpoint), and warnings about a stale plan.
+
+    The model is the keeper's (as built, whatever the baseline's evaluations did to theirs), with the plan
+    applied the way `tuner.load` would."""
     warnings: list[str] = []
     example = user.example_inputs() if user.inputs_fn is not None else None
     if example is not None:
-        unused = _unused_instances(tuned, plan, example.to(options.device))
+        with keeper.borrowed() as model:
+            unused = _unused_instances(model, plan, example.to(options.device))
         if unused:
             warnings.append(f"the model no longer calls {len(unused)} of the plan's FP32 op instance(s) on "
                             f"example_inputs ({', '.join(unused[:3])}{' ...' if len(unused) > 3 else ''}); "
                             "the plan may be stale")
-    if options.checkpoint:
-        if plan_file.name != PLAN_NAME:
-            raise ConfigError(f"checkpoint: needs the tune output folder (with {PLAN_NAME} and {CHECKPOINT_NAME})",
-                              fields=("checkpoint",))
-        load(tuned, folder)
-    else:
-        attach(tuned, plan)
-    return user.evaluate(tuned), warnings
+    if options.checkpoint and plan_file.name != PLAN_NAME:
+        raise ConfigError(f"checkpoint: needs the tune output folder (with {PLAN_NAME} and {CHECKPOINT_NAME})",
+                          fields=("checkpoint",))
+    with keeper.borrowed(last=True) as tuned:  # the last evaluation: the model need not be restored after
+        if options.checkpoint:
+            load(tuned, folder)
+        else:
+            attach(tuned, plan)
+        return user.evaluate(tuned), warnings
 
 
 def check_plan(options: CheckOptions | str | Path) -> CheckResult:
@@ -232,10 +244,11 @@ def check_plan(options: CheckOptions | str | Path) -> CheckResult:
                          lower_is_better=bool(metrics.get("lower_is_better", False)), device=options.device)
     check_device(options.device, loaded.dtype)
     user = load_user_model(model_file, model=specs["build"], eval=specs["eval"], inputs=specs["inputs"])
-    baseline = _fp32_baseline(user, loaded, folder, options.device)
+    keeper = ModelKeeper(user.build, options.device)
+    baseline = _fp32_baseline(user, keeper, loaded, folder)
     target = search.target(baseline.value)
     margin = max(_number(metrics.get("noise")) or 0.0, baseline.spread)
-    metric, warnings = _planned_metric(user, loaded, folder, plan_file, options)
+    metric, warnings = _planned_metric(user, keeper, loaded, folder, plan_file, options)
     return CheckResult(
         passed=Acceptance(target, margin, search.lower_is_better).holds(metric), metric=metric,
         baseline=baseline.value, target=target, tolerance=float(tolerance), absolute=search.absolute,

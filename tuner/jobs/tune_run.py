@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tuner.core.devices import check_device
 from tuner.core.errors import Interrupted
-from tuner.core.fingerprint import source_digest
+from tuner.core.fingerprint import file_digests, source_digest
 from tuner.core.loader import UserModel
 from tuner.core.output_files import JOURNAL_NAME, OUTPUT_FILES
 from tuner.options.tune import TuneOptions
@@ -70,10 +70,13 @@ def tune_into_folder(user: UserModel, options: TuneOptions, out: str | Path, *, 
         t0 = time.monotonic()
         keeper = ModelKeeper(user.build, options.device)
         build_seconds = time.monotonic() - t0
+        files = user.files or (user.path,)
+        source = source_digest(files)
+        ranks.same_model(source, keeper.weights_digest)  # under torchrun: every rank tunes rank 0's model
         kept: Journal | None = None
         if folder is not None:
-            fingerprint = RunFingerprint(source=source_digest(user.files or (user.path,)),
-                                         weights=keeper.weights_digest, settings=options.settings())
+            fingerprint = RunFingerprint(source=source, weights=keeper.weights_digest,
+                                         settings=options.settings(), files=file_digests(files, base=user.path.parent))
             kept = Journal(folder.path / JOURNAL_NAME, fingerprint, resume=resume)
         journal = SharedJournal(kept, ranks) if ranks.distributed else kept
         inputs = user.example_inputs if user.inputs_fn is not None else None

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from tuner.core.dtypes import short_name
-from tuner.core.inputs import ModelInputs, float_leaves, map_tensors
+from tuner.core.inputs import ModelInputs, detached_copy, float_leaves, map_tensors
 from tuner.core.loader import call_forward
 from tuner.engine.attach import PolicyLike, as_plan, autocast
 from tuner.engine.function_mode import Decision
@@ -279,7 +279,7 @@ def _reference_pass(model: nn.Module, inputs: ModelInputs, run: Callable[..., au
 
     def record_ref(d: Decision, func: Callable[..., Any], args: tuple, kwargs: dict, out: Any, *raw: Any) -> None:
         key = (d.module, d.op, d.index)
-        reference.outputs[key] = kept = map_tensors(out, _keep)
+        reference.outputs[key] = kept = detached_copy(out, _keep)
         if local_errors:
             replay = made.inputs_before(d, args, kwargs)
             if replay is not None:
@@ -287,5 +287,5 @@ def _reference_pass(model: nn.Module, inputs: ModelInputs, run: Callable[..., au
             made.add(out, kept)
 
     with torch.no_grad(), run(recorder=record_ref, dry_run=True):
-        reference.output = map_tensors(call_forward(model, inputs), _keep)
+        reference.output = detached_copy(call_forward(model, inputs))
     return reference

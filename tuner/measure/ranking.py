@@ -59,7 +59,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from tuner.core.inputs import ModelInputs, float_leaves, tensor_leaves
+from tuner.core.inputs import ModelInputs, detached_copy, float_leaves, tensor_leaves
 from tuner.engine.function_mode import Decision, PrecisionEngine
 from tuner.measure.inspection import relative_error
 from tuner.policy.opnames import DROPOUT_OPS, NEUTRAL_OPS, is_neutral
@@ -92,8 +92,11 @@ def rank_exact(model: nn.Module, inputs: ModelInputs | tuple, policy: Policy, dt
     high as its producer here, and near zero in `rank_gradient`, which charges that rounding to the producer.
 
     One engine serves all the forwards: per instance only one entry of its override table changes, so the
-    cost per instance is one forward of the model plus O(1) bookkeeping.
+    cost per instance is one forward of the model plus O(1) bookkeeping. `ref_out` is copied first
+    (`detached_copy`): a forward that returns the dict it was given, and rewrites it on every call, would
+    otherwise rewrite the reference too, scoring every instance 0.
     """
+    ref_out = detached_copy(ref_out)
     model_inputs = ModelInputs.of(inputs)
     todo = list(only) if only is not None else list(candidates)
     overrides = {c.key(): _F32 for c in candidates}

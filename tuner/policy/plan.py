@@ -26,6 +26,59 @@ from tuner.policy.presets import Policy, check_op_names, load_preset
 
 PLAN_VERSION = 1
 
+# What `metrics` in a plan may hold (what `mpt tune` writes), each with the type its value must have.
+# "status" and "stopped" are the values of tuner.search.results.TuneStatus and StopReason.
+PLAN_STATUSES = ("ok", "not_met")
+STOP_REASONS = ("max_evals", "time_budget", "interrupted")
+_REAL, _REAL_OR_NULL, _COUNT, _BOOL = "a number", "a number or null", "an integer >= 0", "true or false"
+METRIC_KINDS = {"baseline": _REAL, "tuned": _REAL_OR_NULL, "target": _REAL, "tolerance": _REAL,
+                "absolute": _BOOL, "lower_is_better": _BOOL, "noise": _REAL, "evaluations": _COUNT,
+                "candidates": _COUNT, "status": "one of " + ", ".join(PLAN_STATUSES),
+                "stopped": "null or one of " + ", ".join(STOP_REASONS)}
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _fits(kind: str, value: Any) -> bool:
+    if kind == _BOOL:
+        return isinstance(value, bool)
+    if kind == _COUNT:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    if kind in (_REAL, _REAL_OR_NULL):
+        return _is_real(value) or (value is None and kind == _REAL_OR_NULL)
+    if kind.startswith("null"):
+        return value is None or value in STOP_REASONS
+    return value in PLAN_STATUSES
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 30 else text[:27] + '...'}"
+
+
+def metrics_problems(metrics: Any) -> list[str]:
+    """One problem per unknown key or value of the wrong type in a plan's `metrics` (a quoted "false" is a
+    string, not a boolean: it is refused, never read as true)."""
+    if not isinstance(metrics, dict):
+        return [f"metrics: expected a mapping, found {type(metrics).__name__}"]
+    problems = check_keys(metrics, METRIC_KINDS, where="metrics.")
+    for key, kind in METRIC_KINDS.items():
+        if key in metrics and not _fits(kind, metrics[key]):
+            problems.append(f"metrics.{key}: expected {kind}, found {_shown(metrics[key])}")
+    return problems
+
+
+def _is_path(value: Any) -> bool:
+    """A module path: a string, or an integer YAML reads from an unquoted `0` (nn.Sequential's child "0")."""
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def _str_problems(data: dict[str, Any], keys: tuple[str, ...], where: str = "") -> list[str]:
+    return [f"{where}{k}: expected a string, found {_shown(data[k])}"
+            for k in keys if k in data and not isinstance(data[k], str)]
+
 
 @dataclass(frozen=True, order=True)
 class OpInstance:
@@ -227,26 +280,26 @@ class Plan:
             except ConfigError as exc:
                 problems += exc.errors
         digest = data.get("checkpoint_sha256")
-        if digest is not None and not isinstance(digest, str):
-            problems.append(f"checkpoint_sha256: expected a string, found {type(digest).__name__}")
-        insts = []
-        for n, item in enumerate(data.get("fp32_instances") or []):
-            if not isinstance(item, dict) or not {"module", "op"} <= set(item):
-                problems.append(f"fp32_instances[{n}]: expected a mapping with module, op and index")
-                continue
-            problems += check_keys(item, {"module", "op", "index"}, where=f"fp32_instances[{n}].")
-            index = item.get("index", 0)
-            if not isinstance(index, int) or index < 0:
-                problems.append(f"fp32_instances[{n}].index: expected an integer >= 0, found {index!r}")
-                continue
-            insts.append(OpInstance(str(item["module"]), str(item["op"]), index))
+        problems += _str_problems(data, ("dtype", "preset", "checkpoint_sha256"))
+        version = data.get("version", PLAN_VERSION)
+        if not isinstance(version, int) or isinstance(version, bool):
+            problems.append(f"version: expected an integer, found {_shown(version)}")
+        if data.get("metrics") is not None:
+            problems += metrics_problems(data["metrics"])
+        insts, more = _instances(data.get("fp32_instances"))
+        problems += more
         modules = data.get("modules") or {}
         if not isinstance(modules, dict):
             problems.append(f"modules: expected a mapping of module path/glob to dtype, found {type(modules).__name__}")
             modules = {}
+        problems += [f"modules.{k}: expected a module path and a dtype name (strings), found {_shown(k)}: "
+                     f"{_shown(v)}" for k, v in modules.items() if not (_is_path(k) and isinstance(v, str))]
         for attr in ("lower", "fp32", "promote"):
             if attr in data and not isinstance(data[attr], list):
                 problems.append(f"{attr}: expected a list of op names, found {type(data[attr]).__name__}")
+            elif attr in data:
+                problems += [f"{attr}[{n}]: expected an op name (a string), found {_shown(v)}"
+                             for n, v in enumerate(data[attr]) if not isinstance(v, str)]
         if problems:
             raise ConfigError(problems, source=source)
         try:
@@ -259,7 +312,7 @@ class Plan:
                 modules=tuple(modules.items()),
                 fp32_instances=tuple(insts),
                 metrics=data.get("metrics") or {},
-                version=data.get("version", PLAN_VERSION),
+                version=version,
                 model=model_ref,
                 checkpoint_sha256=digest,
             )
@@ -273,3 +326,27 @@ class Plan:
         if path.is_dir():
             path = path / PLAN_NAME
         return cls.from_dict(load_yaml_file(path), source=str(path))
+
+
+def _instances(items: Any) -> tuple[list[OpInstance], list[str]]:
+    """The `fp32_instances` of a plan's YAML, and one problem per item that is not {module, op, index}."""
+    if items is None:
+        return [], []
+    if not isinstance(items, list):
+        return [], [f"fp32_instances: expected a list, found {type(items).__name__}"]
+    insts, problems = [], []
+    for n, item in enumerate(items):
+        if not isinstance(item, dict) or not {"module", "op"} <= set(item):
+            problems.append(f"fp32_instances[{n}]: expected a mapping with module, op and index")
+            continue
+        where = f"fp32_instances[{n}]."
+        found = check_keys(item, {"module", "op", "index"}, where=where) + _str_problems(item, ("op",), where)
+        if not _is_path(item["module"]):
+            found.append(f"{where}module: expected a module path (a string), found {_shown(item['module'])}")
+        index = item.get("index", 0)
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            found.append(f"{where}index: expected an integer >= 0, found {_shown(index)}")
+        if not found:
+            insts.append(OpInstance(str(item["module"]), item["op"], index))
+        problems += found
+    return insts, problems

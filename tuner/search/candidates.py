@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tuner.core.inputs import ModelInputs
+from tuner.core.inputs import ModelInputs, detached_copy
 from tuner.core.loader import call_forward
 from tuner.engine.function_mode import Decision, PrecisionEngine
 from tuner.measure.flops import first_tensor, op_flops
@@ -31,8 +31,9 @@ class Candidates:
 
     `costs` weighs keeping one in FP32 (its matmul/conv FLOPs plus its output size); `flops` are its
     matmul/conv FLOPs alone (`tuner.measure.flops`); `all_low` the shares of the forward with every
-    candidate lowered; `ref_out` the FP32 output on `inputs`; `all_low_error` the relative error of the
-    all-low output against it.
+    candidate lowered; `ref_out` the FP32 output on `inputs` (a copy: `detached_copy`, so a forward that
+    returns, and later rewrites, the dict it was given cannot change it); `all_low_error` the relative error
+    of the all-low output against it.
     """
 
     instances: tuple[OpInstance, ...]
@@ -94,7 +95,7 @@ def find_candidates(model: nn.Module, inputs: ModelInputs, policy: Policy, dtype
             costs[cand] = float(flops[cand] + (y.numel() if y is not None else 0))
 
     with torch.no_grad():
-        ref_out = call_forward(model, inputs)
+        ref_out = detached_copy(call_forward(model, inputs))  # the next forward may rewrite what this one returned
         with PrecisionEngine(policy, dtype, root=model, recorder=record,
                              module_overrides={p: torch.float32 for p in fp32_modules}):
             low_out = call_forward(model, inputs)

@@ -206,6 +206,24 @@ class Ranks:
             raise UserCodeError(f"the ranks found different {what} (rank 0 and rank {differ[0]} differ): every "
                                 "rank must build the same model and give it the same example inputs")
 
+    def same_model(self, source: str, weights: str) -> None:
+        """UserCodeError unless every rank runs the same user files (`source`, their digest) and built the
+        same FP32 weights (`weights`, their digest) as rank 0, naming the ranks that differ and each digest.
+
+        The journal and plan record rank 0's; a rank whose model differs would score other numbers under
+        the same name (a mixed "FP32 baseline")."""
+        found = self.gather((source, weights))
+        for part, what, hint in ((0, "model files", "every rank must run the same model file and the files it "
+                                  "imports"),
+                                 (1, "FP32 weights", "build_model() must return the same weights on every rank "
+                                  "(seed its random initialisation or load saved weights)")):
+            differ = [r for r, v in enumerate(found) if v[part] != found[0][part]]
+            if differ:
+                shown = ", ".join(f"rank {r}: {v[part][:12]}" for r, v in enumerate(found))
+                ranks = ", ".join(str(r) for r in differ)
+                raise UserCodeError(f"rank{'s' if len(differ) > 1 else ''} {ranks} built different {what} from "
+                                    f"rank 0 ({shown}); {hint}")
+
     def _collective(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         try:
             fn(*args, **kwargs)

@@ -45,16 +45,28 @@ class RunFingerprint:
     weights: str  # tuner.core.fingerprint.weights_digest of the FP32 model as built
     settings: Mapping[str, Any] = field(default_factory=dict)
     versions: Mapping[str, str] = field(default_factory=versions)
+    files: Mapping[str, str] = field(default_factory=dict)  # file_digests of the same files, model file first
 
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source, "weights": self.weights, "settings": dict(self.settings),
-                "versions": dict(self.versions)}
+                "versions": dict(self.versions), "files": dict(self.files)}
+
+    def _source_changes(self, old: Any) -> list[str]:
+        """Which of the user's files changed: the model file, or the files it imports (by name)."""
+        names = list(self.files)
+        if not isinstance(old, dict) or not names:  # a journal from before files were recorded
+            return ["the model file's content changed"]
+        found = ["the model file's content changed"] if old.get(names[0]) != self.files[names[0]] else []
+        others = [n for n in names[1:] if old.get(n) != self.files[n]] + [n for n in old if n not in self.files]
+        if others:
+            found.append(f"{', '.join(others)} (imported by the model file) changed")
+        return found or ["the model file's content changed"]
 
     def differences(self, old: Mapping[str, Any]) -> list[str]:
         """What changed since `old` (a header's fingerprint), one phrase per part."""
         found = []
         if old.get("source") != self.source:
-            found.append("the model file's content changed")
+            found += self._source_changes(old.get("files"))
         if old.get("weights") != self.weights:
             found.append("the FP32 weights build_model() returns changed")
         settings = old.get("settings") or {}

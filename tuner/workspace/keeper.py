@@ -41,17 +41,24 @@ class ModelKeeper:
         return ModelState.capture(self.model) != self._as_built
 
     @contextlib.contextmanager
-    def borrowed(self) -> Iterator[nn.Module]:
+    def borrowed(self, *, last: bool = False) -> Iterator[nn.Module]:
         """The model for a block of user code (an evaluate, a recorded forward); restored when the block ends.
 
         Restored however the block ends, an interrupt included, so the model is as built between blocks and
         no caller has to remember to put it back. An error raised while restoring takes the place of the
-        block's own: the model could not be put back, which is the harder failure.
+        block's own: the model could not be put back, which is the harder failure. `last`: the keeper's
+        final loan (`mpt check`'s planned evaluation); the model is given away instead of restored, so a
+        block that changes it (loads a checkpoint) costs no rebuild, and the keeper lends nothing after.
         """
+        if self.model is None:
+            raise RuntimeError("the keeper gave its model away with its last loan")
         try:
             yield self.model
         finally:
-            self.restore()
+            if last:
+                self.model = None  # type: ignore[assignment]
+            else:
+                self.restore()
 
     def restore(self) -> bool:
         """Rebuild the model if user code changed it; True when it did."""

@@ -3,6 +3,7 @@
 `forward` (model(x)), `encode` (another method, never forward), `traced` (a torch.jit.trace cached by the first
 call), `ignored` (calls model(x) but scores a trace cached by the first call)."""
 import os
+import warnings
 
 import torch
 from torch import nn
@@ -51,7 +52,9 @@ def evaluate(model):
             return _score(model.encode(X))
         if how in ("traced", "ignored"):
             if "trace" not in _CACHE:
-                _CACHE["trace"] = torch.jit.trace(model, (X,), check_trace=False)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.trace is deprecated in 2.13
+                    _CACHE["trace"] = torch.jit.trace(model, (X,), check_trace=False)
             if how == "ignored":
                 model(X)
             return _score(_CACHE["trace"](X))

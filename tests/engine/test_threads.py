@@ -7,6 +7,7 @@ engine early, and the model served from a thread pool would compute something el
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from torch import nn
 
 import tuner
 from tuner import ExecutionPath, OpInstance, Plan
+from tuner.report.checkpoint import save_checkpoint
 
 THREADS = 4
 ROUNDS = 12
@@ -54,17 +56,27 @@ FP32 = (OpInstance("blocks.1", "matmul", 1), OpInstance("blocks.0.fc1", "linear"
         OpInstance("", "matmul", 0), OpInstance("blocks.2", "matmul", 0))
 
 
-def _attached(path: str) -> nn.Module:
+def _plan(path: str) -> Plan:
     if path == "native":
-        return tuner.attach(_model(), Plan(fp32_instances=FP32))
+        return Plan(fp32_instances=FP32)
     if path == "scoped":  # a module override to fp16 cannot be a torch.autocast region
-        return tuner.attach(_model(), Plan(fp32_instances=FP32, modules=(("blocks.1", "fp16"),)))
-    return tuner.attach(_model(), Plan(fp32_instances=FP32, preset="hmp"))
+        return Plan(fp32_instances=FP32, modules=(("blocks.1", "fp16"),))
+    return Plan(fp32_instances=FP32, preset="hmp")
 
 
+def _attached(path: str, how: str = "attach", folder: Path | None = None) -> nn.Module:
+    if how == "attach":
+        return tuner.attach(_model(), _plan(path))
+    assert folder is not None  # what `mpt tune` writes, loaded as a deployment loads it
+    save_checkpoint(_model(), _plan(path), (torch.randn(2, 16),), folder / "model.safetensors")
+    _plan(path).save(folder / "plan.yaml")
+    return tuner.load(_model(), folder)
+
+
+@pytest.mark.parametrize("how", ["attach", "load"])
 @pytest.mark.parametrize("path", ["native", "scoped", "python"])
-def test_threads_give_the_sequential_outputs_bitwise(path):
-    model = _attached(path)
+def test_threads_give_the_sequential_outputs_bitwise(path, how, tmp_path):
+    model = _attached(path, how, tmp_path)
     assert tuner.attached(model).path is ExecutionPath(path)
     torch.manual_seed(1)
     inputs = [torch.randn(24, 16) for _ in range(THREADS)]

@@ -2,14 +2,10 @@
 a model that is not FP32, or a tune started inside torch.autocast, is refused before the baseline."""
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 import torch
 from torch import nn
 
-from mpt_cli import exitcodes
-from mpt_cli.main import main
 from tuner.core.errors import ConfigError, UserCodeError
 from tuner.core.torch_state import TorchState
 from tuner.options.tune import TuneOptions
@@ -98,57 +94,3 @@ def test_a_tune_inside_torch_autocast_is_refused(clean_state):
         with pytest.raises(ConfigError, match=r"inside an active torch.autocast\(cpu\)"):
             tune(build, evaluate, (X,), TuneOptions(dtype="bf16"))
     assert calls == []
-
-
-MODEL_FILE = """
-import torch
-from torch import nn
-
-X = torch.linspace(-2, 2, 64 * 8).reshape(64, 8)
-
-
-def build_model():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4)){to}
-
-
-def example_inputs():
-    return (X,)
-
-
-def evaluate(model):
-    with torch.no_grad():
-        out = model(X.to(next(model.parameters()).dtype)).float()
-    {leak}
-    return 1.0 - 0.0 * float(out.sum())
-"""
-
-
-def _model_file(tmp_path, *, to: str = "", leak: str = "pass", head: str = ""):
-    path = tmp_path / "model.py"
-    path.write_text(head + textwrap.dedent(MODEL_FILE).format(to=to, leak=leak))
-    return path
-
-
-def test_cli_prints_the_leak_warning_after_the_run(runner, tmp_path, clean_state):
-    path = _model_file(tmp_path, leak="torch.set_default_dtype(torch.float64)")
-    res = runner.invoke(main, ["tune", str(path), "--out", str(tmp_path / "out"), "--no-latency"])
-    assert res.exit_code == 0, res.output
-    assert res.output.count("default dtype float32 -> float64") == 1  # stdout and stderr together
-    assert TorchState.capture() == clean_state
-
-
-def test_cli_refuses_a_half_model_with_exit_4(runner, tmp_path, clean_state):
-    path = _model_file(tmp_path, to=".half()")
-    res = runner.invoke(main, ["tune", str(path), "--out", str(tmp_path / "out")])
-    assert res.exit_code == exitcodes.USER_CODE, res.output
-    assert "build_model() returned a model with 4 floating parameter(s)/buffer(s) not in float32" in res.stderr
-    assert "Traceback" not in res.stderr
-
-
-def test_cli_refuses_a_model_file_that_leaves_autocast_on_with_exit_2(runner, tmp_path, clean_state):
-    path = _model_file(tmp_path, head="import torch\ntorch.autocast('cpu', dtype=torch.bfloat16).__enter__()\n")
-    res = runner.invoke(main, ["tune", str(path), "--out", str(tmp_path / "out")])
-    assert res.exit_code == exitcodes.USAGE, res.output
-    assert "inside an active torch.autocast(cpu)" in res.stderr and "Traceback" not in res.stderr
-    assert not (tmp_path / "out").exists()

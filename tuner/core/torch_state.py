@@ -114,7 +114,7 @@ class StateGuard:
                 "started with")
 
 
-def check_fp32_model(model: nn.Module, who: str = "build_model()") -> None:
+def check_fp32_model(model: nn.Module, who: str = "build_model()", where: str | None = None) -> None:
     """UserCodeError when a floating parameter or buffer of `model` is not FP32: mpt tunes an FP32 model."""
     other: dict[torch.dtype, list[str]] = {}
     for kind, items in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
@@ -128,4 +128,4 @@ def check_fp32_model(model: nn.Module, who: str = "build_model()") -> None:
     raise UserCodeError(f"{who} returned a model with {count} floating parameter(s)/buffer(s) not in float32 "
                         f"({len(names)} in {_short(dtype)}, first: {names[0]}): mpt tunes an FP32 model and takes "
                         f"it as the FP32 baseline; return it in float32 (drop the .to({_short(dtype)}) / .half() "
-                        "/ .bfloat16())")
+                        "/ .bfloat16())", where=where)

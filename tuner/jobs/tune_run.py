@@ -15,8 +15,8 @@ from tuner.core.devices import check_device
 from tuner.core.errors import Interrupted
 from tuner.core.fingerprint import source_digest
 from tuner.core.loader import UserModel
-from tuner.core.torch_state import refuse_active_autocast
 from tuner.core.output_files import JOURNAL_NAME, OUTPUT_FILES
+from tuner.core.torch_state import refuse_active_autocast
 from tuner.options.tune import TuneOptions
 from tuner.report.measuring import measure_report
 from tuner.report.outcome import TuneReport

@@ -4,9 +4,9 @@ An `Evaluator` reads a trial from the journal when an earlier run made it, else 
 time from the start of the command), attaches the trial's plan as `tuner.load` attaches it (so the plan the
 search approves is the one that is deployed), runs `evaluate` on the model the keeper lends, writes the journal,
 counts, and reports the trial. An `evaluate` that returns without calling the model (`model(...)`: a cached
-traced graph, another method) measures nothing mpt changes and is refused (UserCodeError); torch's global
-state is put back after each one (tuner.core.torch_state). Under torchrun rank 0's bounds decide and every rank must get the same metric
-(tuner.search.distributed).
+traced graph, another method) measures nothing mpt changes and is refused (UserCodeError); torch's
+global state is put back after each one (tuner.core.torch_state). Under torchrun rank 0's bounds decide
+and every rank must get the same metric (tuner.search.distributed).
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from tuner.core.errors import UserCodeError
+from tuner.core.loader import user_site
 from tuner.engine.attach import attach, detach
 from tuner.measure.shares import Shares
 from tuner.policy.plan import Plan
@@ -97,6 +98,7 @@ class Evaluator:
                  journal: Journal | SharedJournal | None = None, ranks: Ranks | None = None,
                  emit: Callable[[TuneEvent], None] | None = None) -> None:
         self._evaluate = evaluate
+        self.evaluate_fn = evaluate  # the user's evaluate, for errors that name it
         self.keeper = keeper
         self.bounds = bounds
         self.journal = journal
@@ -169,14 +171,15 @@ class Evaluator:
                 detach(model)
                 self.keeper.guard.restore("evaluate")  # the next evaluation starts from the state the run did
             secs = time.monotonic() - t0
-            if error is None and count.calls == 0:
-                raise UserCodeError(NO_FORWARD.format(which="the FP32 baseline" if baseline else "a trial"))
             if metric is not None and self.ranks.distributed:
                 metric = self.ranks.agree(metric)  # the metric that counts: the all-reduced one, alike on every rank
         if metric is not None and not math.isfinite(metric):
             if baseline:
                 raise UserCodeError(f"evaluate returned {metric} for the FP32 model; the baseline must be finite")
             error, metric = f"metric is {metric}", None
+        if metric is not None and count.calls == 0:
+            raise UserCodeError(NO_FORWARD.format(which="the FP32 baseline" if baseline else "a trial"),
+                                where=user_site(self._evaluate))
         return metric, error, secs
 
     def _record(self, trial: Trial) -> Trial:

@@ -20,6 +20,7 @@ from torch import nn
 from tuner.core.dtypes import parse_dtype
 from tuner.core.errors import ConfigError, Interrupted, UserCodeError
 from tuner.core.inputs import ModelInputs
+from tuner.core.loader import user_site
 from tuner.core.torch_state import refuse_active_autocast
 from tuner.engine.probe import autocast_failures
 from tuner.measure.ranking import rank_exact, rank_gradient
@@ -198,7 +199,8 @@ class TuneSession:
             f"{error:.2e} (relative error), yet evaluate's metric did not change at all ({low.metric:g}): evaluate "
             "does not measure what the model's forward computes. It may run a graph traced or compiled earlier "
             "(torch.jit.trace/script, torch.compile), another method (model.encode), or compute its metric from "
-            "something else than the outputs; make evaluate compute its metric from model(...)")
+            "something else than the outputs; make evaluate compute its metric from model(...)",
+            where=user_site(self.evaluator.evaluate_fn))
 
     def rank(self, found: Candidates) -> dict[OpInstance, float]:
         """Score every candidate by the error it adds to the output, from cheap passes on the example inputs."""

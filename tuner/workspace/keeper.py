@@ -22,6 +22,7 @@ from torch import nn
 
 from tuner.core.errors import UserCodeError
 from tuner.core.fingerprint import ModelState
+from tuner.core.loader import user_site
 from tuner.core.torch_state import StateGuard, TorchState, check_fp32_model
 
 
@@ -46,7 +47,7 @@ class ModelKeeper:
             model = self._build()
         finally:
             self.guard.restore("build_model()")
-        check_fp32_model(model)
+        check_fp32_model(model, where=user_site(self._build))
         return model.to(self.device).eval()
 
     def changed(self) -> bool:

@@ -170,6 +170,7 @@ def test_target_not_met_exit_code(runner, tmp_path):
 
         def evaluate(model):
             CALLS.append(1)
+            model(torch.ones(3, 4))
             return 1.0 if len(CALLS) == 1 else 0.5
         """})
     res = mpt(runner, "tune", path, "--out", tmp_path / "out")
@@ -198,6 +199,7 @@ def test_ctrl_c_in_process_exits_130_and_keeps_the_journal(runner, tmp_path):
             CALLS.append(1)
             if len(CALLS) == 2:  # the baseline's second run
                 raise KeyboardInterrupt
+            model(torch.ones(3, 4))
             return 1.0
         """})
     res = tune(runner, tmp_path, path)

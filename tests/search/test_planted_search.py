@@ -58,7 +58,7 @@ def test_failed_trials_count_as_failures_not_crashes():
     def flaky(model):
         calls["n"] += 1
         if calls["n"] == 3:  # the all-bf16 trial, after two baseline runs
-            return float("nan")
+            return task.evaluate(model) * float("nan")
         return task.evaluate(model)
 
     result = tune(task.build, flaky, task.example_inputs, TuneOptions())
@@ -69,7 +69,7 @@ def test_failed_trials_count_as_failures_not_crashes():
 def test_target_not_met_reports_status():
     task = PlantedTask(16, 1)
     noisy = iter([1.0, 1.0] + [0.5] * 100)
-    result = tune(task.build, lambda m: next(noisy), task.example_inputs, TuneOptions())
+    result = tune(task.build, lambda m: task.evaluate(m) * 0 + next(noisy), task.example_inputs, TuneOptions())
     assert result.status == "not_met" and result.metric is None
 
 

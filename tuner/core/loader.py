@@ -443,6 +443,15 @@ def _source_file(fn: Any) -> str | None:
     return _norm(code.co_filename) if code is not None and not code.co_filename.startswith("<") else None
 
 
+def user_site(fn: Any) -> str | None:
+    """`file.py:line` where the user's function behind `fn` is defined: a UserModel's `build`/`evaluate`
+    stand for the model file's functions. None for code that is not in a file."""
+    owner = getattr(fn, "__self__", None)
+    if isinstance(owner, UserModel):
+        fn = {"build": owner.build_fn, "evaluate": owner.eval_fn}.get(getattr(fn, "__name__", ""), fn)
+    return _definition_site(fn)
+
+
 def _definition_site(fn: Any) -> str | None:
     code = getattr(fn, "__code__", None)
     if code is None or code.co_filename.startswith("<"):

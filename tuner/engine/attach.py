@@ -5,6 +5,7 @@ import contextlib
 import functools
 import logging
 import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -295,6 +296,14 @@ def _engine_on(eng: PrecisionEngine, model: nn.Module, args: tuple) -> Iterator[
             eng.tracker.exit_module(model, args, None)
 
 
+class _ScopedThread(threading.local):
+    """The scoped path's state on one thread: attached forwards running, and the regions its modules entered."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.regions: dict[int, torch.autocast] = {}  # id(module) -> the autocast-off region it runs in
+
+
 def _scoped_forward(model: nn.Module, pol: Policy, device: NativeDevice, lower: torch.dtype, mods: dict,
                     instances: dict) -> tuple[Callable[..., Any], tuple[str, ...]]:
     """torch.autocast for the model, mpt's engine inside the modules that own overrides (and their paths)."""
@@ -307,19 +316,18 @@ def _scoped_forward(model: nn.Module, pol: Policy, device: NativeDevice, lower: 
     scoped = {path for path in names if path in owners or any(path == p or fnmatchcase(path, p) for p in mods)}
     # Only the outermost scoped modules need hooks: the engine follows their children itself.
     scoped = {p for p in scoped if not any(p != q and (q == "" or p.startswith(q + ".")) for q in scoped)}
-    depth = [0]
-    regions: dict[int, torch.autocast] = {}  # id(module) -> the autocast-off region it runs in
+    local = _ScopedThread()  # each thread's own depth and regions: threads may run the model at once
 
     def pre(module: nn.Module, args: Any) -> None:
-        if depth[0] == 0:
+        if local.depth == 0:
             return  # called outside the attached forward
-        region = regions[id(module)] = torch.autocast(device.value, enabled=False)
+        region = local.regions[id(module)] = torch.autocast(device.value, enabled=False)
         region.__enter__()
         eng.__enter__()
         eng.tracker.enter_module(module, args)
 
     def post(module: nn.Module, args: Any, output: Any) -> None:
-        region = regions.pop(id(module), None)
+        region = local.regions.pop(id(module), None)
         if region is None:
             return
         eng.tracker.exit_module(module, args, output)
@@ -339,7 +347,7 @@ def _scoped_forward(model: nn.Module, pol: Policy, device: NativeDevice, lower: 
     @functools.wraps(original)
     def forward(*args: Any, **kwargs: Any) -> Any:
         eng.reset_counts()
-        depth[0] += 1
+        local.depth += 1
         try:
             if root_scoped:
                 with _engine_on(eng, model, args):
@@ -347,7 +355,7 @@ def _scoped_forward(model: nn.Module, pol: Policy, device: NativeDevice, lower: 
             with torch.autocast(device.value, dtype=lower):
                 return original(*args, **kwargs)
         finally:
-            depth[0] -= 1
+            local.depth -= 1
 
     forward._mpt_handles = handles  # type: ignore[attr-defined]
     return forward, tuple(sorted(scoped))

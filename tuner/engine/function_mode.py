@@ -55,6 +55,15 @@ class _ThreadState(threading.local):
 _STATE = _ThreadState()
 
 
+class _EngineThread(threading.local):
+    """One engine's per-forward state on one thread: call indices, and the module-override scopes entered.
+    Threads running the same attached model each count their own forward."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str], int] = {}
+        self.overrides: list[torch.dtype | None] = [None]
+
+
 def casts_disabled() -> bool:
     """Inside `disable_casts()` (on this thread)."""
     return _STATE.disabled > 0
@@ -218,10 +227,11 @@ class PrecisionEngine(TorchFunctionMode):
         self.dry_run = dry_run
         self.cache = cache if cache is not None else CastCache()
         self._infos: dict[Any, _FuncInfo] = {}
-        self._counts: dict[tuple[str, str], int] = {}
+        self._thread = _EngineThread()  # call indices and override scopes, per thread
         self._need_index = bool(self.instance_overrides) or recorder is not None or verbose is not None
         self._override_for_path: dict[str, torch.dtype | None] = {}
-        self._current_override: list[torch.dtype | None] = [None]
+        self._users = 0  # threads (and nested entries) inside the engine: the cast copies stay until the last leaves
+        self._users_lock = threading.Lock()
         self.tracker = ModuleTracker(root, on_enter=self._on_module_enter, on_exit=self._on_module_exit,
                                      on_root_enter=self.reset_counts if reset_counts_at_root else None)
 
@@ -229,7 +239,7 @@ class PrecisionEngine(TorchFunctionMode):
     def reset_counts(self) -> None:
         """Start call indices from 0 again (a new forward). The engine does it whenever the outermost
         module is entered, unless built with `reset_counts_at_root=False`: then its user calls this."""
-        self._counts.clear()
+        self._thread.counts.clear()
 
     def _module_override(self, path: str) -> torch.dtype | None:
         if path in self._override_for_path:
@@ -245,16 +255,20 @@ class PrecisionEngine(TorchFunctionMode):
     def _on_module_enter(self, module: nn.Module, path: str) -> None:
         if self.module_overrides:
             own = self._module_override(path)
-            self._current_override.append(own if own is not None else self._current_override[-1])
+            scopes = self._thread.overrides
+            scopes.append(own if own is not None else scopes[-1])
 
     def _on_module_exit(self, module: nn.Module, path: str, token: Any) -> None:
-        if self.module_overrides and len(self._current_override) > 1:
-            self._current_override.pop()
+        scopes = self._thread.overrides
+        if self.module_overrides and len(scopes) > 1:
+            scopes.pop()
 
     # ----- context -------------------------------------------------------------
     def __enter__(self) -> PrecisionEngine:
         if self._need_index or self.module_overrides:  # module paths are only needed then
-            self.tracker.install()
+            self.tracker.install()  # per thread (tuner.engine.tracker)
+        with self._users_lock:
+            self._users += 1
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:
@@ -262,7 +276,10 @@ class PrecisionEngine(TorchFunctionMode):
             super().__exit__(*exc)
         finally:
             self.tracker.remove()
-            self.cache.clear()
+            with self._users_lock:
+                self._users -= 1
+                if self._users == 0:  # another thread still in the engine keeps using the cast copies
+                    self.cache.clear()
 
     # ----- per-call ------------------------------------------------------------
     def _info(self, func: Callable[..., Any]) -> _FuncInfo:
@@ -307,8 +324,9 @@ class PrecisionEngine(TorchFunctionMode):
         index = 0
         if self._need_index:
             key = (path, name)
-            index = self._counts.get(key, 0)
-            self._counts[key] = index + 1
+            counts = self._thread.counts
+            index = counts.get(key, 0)
+            counts[key] = index + 1
         target, rule, detail = self._target(info, rule, detail, (path, name, index), args, kwargs)
 
         casts = 0
@@ -352,7 +370,7 @@ class PrecisionEngine(TorchFunctionMode):
         module's overrides, then the lists; BANNED raises.
         """
         target: torch.dtype | None = None
-        override = self._current_override[-1] if self.module_overrides else None
+        override = self._thread.overrides[-1] if self.module_overrides else None
         inst = self.instance_overrides.get(key) if self.instance_overrides else None
         if info.inplace or kwargs.get("out") is not None:
             skip_it = self.policy.inplace is InplaceMode.SKIP

@@ -33,6 +33,8 @@ class ModuleTracker:
         self._names: weakref.WeakKeyDictionary[nn.Module, dict[int, str]] = weakref.WeakKeyDictionary()
         self._local = threading.local()
         self._handles: list[Any] = []
+        self._users = 0  # `install`s not yet removed, all threads together
+        self._lock = threading.Lock()
         self._on_enter = on_enter
         self._on_exit = on_exit
         self._on_root_enter = on_root_enter
@@ -88,15 +90,38 @@ class ModuleTracker:
                 break
 
     def install(self) -> None:
-        """Track every module's forward (global hooks) until `remove`."""
-        if self._handles:
-            return
-        self._handles = [
-            torch.nn.modules.module.register_module_forward_pre_hook(self.enter_module),
-            torch.nn.modules.module.register_module_forward_hook(self.exit_module, always_call=True),
-        ]
+        """Track every module's forward on this thread (global hooks) until the matching `remove`.
+
+        Calls nest and threads count apart: the hooks are process-wide, so they stay until the last
+        `remove` of any thread, and they follow only the threads between `install` and `remove` (a
+        thread that calls a module while another is tracked leaves that one's stack alone, and its own).
+        """
+        self._local.active = getattr(self._local, "active", 0) + 1
+        with self._lock:
+            self._users += 1
+            if not self._handles:
+                self._handles = [
+                    torch.nn.modules.module.register_module_forward_pre_hook(self._pre_hook),
+                    torch.nn.modules.module.register_module_forward_hook(self._post_hook, always_call=True),
+                ]
 
     def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
+        """Undo one `install` of this thread (the hooks go with the last one)."""
+        active = getattr(self._local, "active", 0)
+        if active == 0:
+            return
+        self._local.active = active - 1
+        with self._lock:
+            self._users -= 1
+            if self._users == 0:
+                for h in self._handles:
+                    h.remove()
+                self._handles = []
+
+    def _pre_hook(self, module: nn.Module, args: Any) -> None:
+        if getattr(self._local, "active", 0):
+            self.enter_module(module, args)
+
+    def _post_hook(self, module: nn.Module, args: Any, output: Any) -> None:
+        if getattr(self._local, "active", 0):
+            self.exit_module(module, args, output)

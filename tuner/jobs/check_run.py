@@ -185,7 +185,7 @@ def _fp32_baseline(user: UserModel, keeper: ModelKeeper, plan: Plan, folder: Pat
     _check_modules(keeper.model, plan)
 
     def evaluate_fp32() -> float:
-        with keeper.borrowed() as model:
+        with keeper.borrowed("evaluate") as model:
             value = user.evaluate(model)
         if not math.isfinite(value):
             raise UserCodeError(f"evaluate returned {value} for the FP32 model; the baseline must be finite")
@@ -212,7 +212,7 @@ def _planned_metric(user: UserModel, keeper: ModelKeeper, plan: Plan, folder: Pa
     if options.checkpoint and plan_file.name != PLAN_NAME:
         raise ConfigError(f"checkpoint: needs the tune output folder (with {PLAN_NAME} and {CHECKPOINT_NAME})",
                           fields=("checkpoint",))
-    with keeper.borrowed(last=True) as tuned:  # the last evaluation: the model need not be restored after
+    with keeper.borrowed("evaluate", last=True) as tuned:  # the last evaluation: the model need not be restored after
         if options.checkpoint:
             load(tuned, folder)
         else:

@@ -16,6 +16,7 @@ from tuner.core.errors import Interrupted
 from tuner.core.fingerprint import file_digests, source_digest
 from tuner.core.loader import UserModel
 from tuner.core.output_files import JOURNAL_NAME, OUTPUT_FILES
+from tuner.core.torch_state import refuse_active_autocast
 from tuner.options.tune import TuneOptions
 from tuner.report.measuring import measure_report
 from tuner.report.outcome import TuneReport
@@ -62,13 +63,14 @@ def tune_into_folder(user: UserModel, options: TuneOptions, out: str | Path, *, 
     """
     ranks = ranks or Ranks()
     started = time.monotonic() if started is None else started
+    start_state = refuse_active_autocast("mpt tune")  # before anything is claimed or built
     speed_warning = check_device(options.device, options.dtype)
     claim = OutputFolder.claim(out, resume=resume, overwrite=overwrite, outputs=OUTPUT_FILES) if ranks.is_main \
         else contextlib.nullcontext(None)
     with claim as folder:
         path = Path(out) if folder is None else folder.path
         t0 = time.monotonic()
-        keeper = ModelKeeper(user.build, options.device)
+        keeper = ModelKeeper(user.build, options.device, start=start_state)
         build_seconds = time.monotonic() - t0
         files = user.files or (user.path,)
         source = source_digest(files)

@@ -3,8 +3,10 @@
 An `Evaluator` reads a trial from the journal when an earlier run made it, else checks the bounds (evaluations,
 time from the start of the command), attaches the trial's plan as `tuner.load` attaches it (so the plan the
 search approves is the one that is deployed), runs `evaluate` on the model the keeper lends, writes the journal,
-counts, and reports the trial. Under torchrun rank 0's bounds decide and every rank must get the same metric
-(tuner.search.distributed).
+counts, and reports the trial. An `evaluate` that returns without calling the model (`model(...)`: a cached
+traced graph, another method) measures nothing mpt changes and is refused (UserCodeError); torch's
+global state is put back after each one (tuner.core.torch_state). Under torchrun rank 0's bounds decide
+and every rank must get the same metric (tuner.search.distributed).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import torch
 from torch import nn
 
 from tuner.core.errors import UserCodeError
+from tuner.core.loader import user_site
 from tuner.engine.attach import attach, detach
 from tuner.measure.shares import Shares
 from tuner.policy.plan import Plan
@@ -41,6 +44,28 @@ def _to_float(value: Any) -> float:
     if isinstance(value, torch.Tensor):
         return float(value.detach().cpu().item())
     return float(value)
+
+
+NO_FORWARD = ("evaluate returned a metric without calling the model ({which}): mpt tunes what the model's "
+              "forward runs, so a metric that never runs it cannot tell plans apart and the search would approve "
+              "any of them. Call the model itself in evaluate (`model(x)`), and do not reuse a graph traced or "
+              "compiled from an earlier model (torch.jit.trace/script, torch.compile, torch.export) or another "
+              "method (model.encode) that bypasses forward")
+
+
+class _ForwardCount:
+    """Counts the calls of `model(...)` (and of deep copies of it) while it lives: a forward pre-hook."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.calls = 0
+
+        def count(module: nn.Module, args: Any) -> None:  # a function: deepcopy shares it, copies count here too
+            self.calls += 1
+
+        self._handle = model.register_forward_pre_hook(count)
+
+    def remove(self) -> None:
+        self._handle.remove()
 
 
 def _describe(exc: Exception) -> str:
@@ -73,6 +98,7 @@ class Evaluator:
                  journal: Journal | SharedJournal | None = None, ranks: Ranks | None = None,
                  emit: Callable[[TuneEvent], None] | None = None) -> None:
         self._evaluate = evaluate
+        self.evaluate_fn = evaluate  # the user's evaluate, for errors that name it
         self.keeper = keeper
         self.bounds = bounds
         self.journal = journal
@@ -129,9 +155,10 @@ class Evaluator:
         baseline = plan is None
         metric: float | None = None
         error: str | None = None
-        with self.keeper.borrowed() as model:
+        with self.keeper.borrowed("evaluate") as model:
             if plan is not None:
                 attach(model, plan)  # the path tuner.load runs: what the search approves, deploys
+            count = _ForwardCount(model)
             t0 = time.monotonic()
             try:
                 metric = _to_float(self._evaluate(model))
@@ -140,7 +167,9 @@ class Evaluator:
                     raise
                 error = _describe(exc)
             finally:
+                count.remove()
                 detach(model)
+                self.keeper.guard.restore("evaluate")  # the next evaluation starts from the state the run did
             secs = time.monotonic() - t0
             if metric is not None and self.ranks.distributed:
                 metric = self.ranks.agree(metric)  # the metric that counts: the all-reduced one, alike on every rank
@@ -148,6 +177,9 @@ class Evaluator:
             if baseline:
                 raise UserCodeError(f"evaluate returned {metric} for the FP32 model; the baseline must be finite")
             error, metric = f"metric is {metric}", None
+        if metric is not None and count.calls == 0:
+            raise UserCodeError(NO_FORWARD.format(which="the FP32 baseline" if baseline else "a trial"),
+                                where=user_site(self._evaluate))
         return metric, error, secs
 
     def _record(self, trial: Trial) -> Trial:

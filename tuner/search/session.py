@@ -20,6 +20,8 @@ from torch import nn
 from tuner.core.dtypes import parse_dtype
 from tuner.core.errors import ConfigError, Interrupted, UserCodeError
 from tuner.core.inputs import ModelInputs
+from tuner.core.loader import user_site
+from tuner.core.torch_state import refuse_active_autocast
 from tuner.engine.probe import autocast_failures
 from tuner.measure.ranking import rank_exact, rank_gradient
 from tuner.options.tune import RankMethod, TuneOptions
@@ -46,6 +48,9 @@ from tuner.workspace.journal import Journal
 from tuner.workspace.keeper import ModelKeeper
 
 Scores = Mapping[OpInstance, float]
+
+# An all-low output this far from the FP32 one (relative error) must move any metric computed from it.
+UNSEEN_OUTPUT_ERROR = 0.5
 
 
 class _InputRecorder:
@@ -76,7 +81,7 @@ class TuneSession:
         self.emit = (on_event if self.ranks.is_main else None) or (lambda e: None)  # only rank 0 reports
         self.started = time.monotonic() if started is None else started
         t0 = time.monotonic()
-        self.keeper = keeper or ModelKeeper(build, options.device)
+        self.keeper = keeper or ModelKeeper(build, options.device, start=refuse_active_autocast("tuner.tune()"))
         self.user_seconds = time.monotonic() - t0 if keeper is None else 0.0
         self.evaluator = Evaluator(evaluate, self.keeper, Bounds(self.started, options.max_evals, options.time_budget),
                                    journal=journal, ranks=self.ranks, emit=self.emit)
@@ -95,6 +100,7 @@ class TuneSession:
             found = self.find_candidates(inputs)
             trials = SearchTrials(self.evaluator, found, base, accept, self.options)
             first = trials.probe(frozenset(), scores)
+            self.check_metric_sees_outputs(found, base)
             if first.passed:
                 chosen = frozenset()
                 self.notes.append("everything eligible passes in the lower precision")
@@ -152,7 +158,10 @@ class TuneSession:
         inputs: Any
         if callable(source):
             t0 = time.monotonic()
-            inputs = source()
+            try:
+                inputs = source()
+            finally:
+                self.keeper.guard.restore("example_inputs()")
             self.user_seconds += time.monotonic() - t0
         elif source is not None:
             inputs = source
@@ -175,6 +184,23 @@ class TuneSession:
         self.emit(TuneEvent(EventKind.CANDIDATES, CandidatesFound(len(found), self.options.dtype,
                                                                   str(self.options.preset), found.all_low_error)))
         return found
+
+    def check_metric_sees_outputs(self, found: Candidates, base: Baseline) -> None:
+        """UserCodeError when running every candidate low changes the model's output a lot (relative error
+        UNSEEN_OUTPUT_ERROR or more on the inputs) and evaluate's metric not at all: evaluate does not measure
+        the model mpt tunes (a graph traced or compiled earlier, another method), so every plan would pass."""
+        low = next((t for t in reversed(self.evaluator.trials) if not t.baseline and not t.fp32), None)
+        error = found.all_low_error
+        if low is None or low.metric is None or not error >= UNSEEN_OUTPUT_ERROR or base.noisy \
+                or low.metric != base.value:
+            return
+        raise UserCodeError(
+            f"with every candidate in {self.options.dtype} the model's output on the example inputs changes by "
+            f"{error:.2e} (relative error), yet evaluate's metric did not change at all ({low.metric:g}): evaluate "
+            "does not measure what the model's forward computes. It may run a graph traced or compiled earlier "
+            "(torch.jit.trace/script, torch.compile), another method (model.encode), or compute its metric from "
+            "something else than the outputs; make evaluate compute its metric from model(...)",
+            where=user_site(self.evaluator.evaluate_fn))
 
     def rank(self, found: Candidates) -> dict[OpInstance, float]:
         """Score every candidate by the error it adds to the output, from cheap passes on the example inputs."""
@@ -239,14 +265,17 @@ class TuneSession:
                                  "lower_is_better": opts.lower_is_better, "noise": base.spread,
                                  "evaluations": ev.evals, "candidates": len(candidates),
                                  "status": status.value, "stopped": stopped.value if stopped else None})
-        notes = list(self.notes)
+        notes, warnings = list(self.notes), list(self.warnings)
+        leaked = self.keeper.guard.warning()
+        if leaked:
+            warnings.append(leaked)
         if stopped is not None:
             notes.append(f"search cut short: {stopped.describe(opts)}; the best plan confirmed so far was kept")
         return TuneResult(plan=plan, status=status, baseline=base.value, target=accept.target, metric=metric,
                           trials=ev.trials, evals=ev.evals, stopped=stopped, candidates=candidates,
                           scores={c.label(): s for c, s in scores.items()}, notes=notes,
                           seconds=time.monotonic() - self.started, eval_seconds=ev.eval_seconds,
-                          user_seconds=self.user_seconds, inputs=inputs, warnings=list(self.warnings),
+                          user_seconds=self.user_seconds, inputs=inputs, warnings=warnings,
                           noise=base.spread, rebuilds=self.keeper.rebuilds, chosen=chosen_n)
 
 

@@ -6,6 +6,10 @@ and, when the block ends, `ModelKeeper.restore` compares the model with how it w
 of the weights) and, only when something changed, drops it and calls `build()` again. The
 cost is one pass over the weights per borrowing (about 1-2 GB/s) and, for an `evaluate`
 that trains, folds or rebinds the model, one `build()` per evaluation.
+
+The keeper also owns torch's global state for the run (`tuner.core.torch_state`): the state at its
+creation is put back after every build and every borrowing, and a built model that is not FP32 is
+refused (it would be taken as the FP32 baseline).
 """
 from __future__ import annotations
 
@@ -18,14 +22,18 @@ from torch import nn
 
 from tuner.core.errors import UserCodeError
 from tuner.core.fingerprint import ModelState
+from tuner.core.loader import user_site
+from tuner.core.torch_state import StateGuard, TorchState, check_fp32_model
 
 
 class ModelKeeper:
     """Owns the working model; `model` is always the as-built FP32 model between evaluations."""
 
-    def __init__(self, build: Callable[[], nn.Module], device: str | torch.device = "cpu") -> None:
+    def __init__(self, build: Callable[[], nn.Module], device: str | torch.device = "cpu", *,
+                 start: TorchState | None = None) -> None:
         self._build = build
         self.device = torch.device(device)
+        self.guard = StateGuard(start)  # torch's global state as the run started (default: now)
         self.model: nn.Module = self._fresh()
         self._as_built = ModelState.capture(self.model)
         self.rebuilds = 0
@@ -35,18 +43,24 @@ class ModelKeeper:
         return self._as_built.weights
 
     def _fresh(self) -> nn.Module:
-        return self._build().to(self.device).eval()
+        try:
+            model = self._build()
+        finally:
+            self.guard.restore("build_model()")
+        check_fp32_model(model, where=user_site(self._build))
+        return model.to(self.device).eval()
 
     def changed(self) -> bool:
         return ModelState.capture(self.model) != self._as_built
 
     @contextlib.contextmanager
-    def borrowed(self, *, last: bool = False) -> Iterator[nn.Module]:
+    def borrowed(self, who: str = "the model's forward", *, last: bool = False) -> Iterator[nn.Module]:
         """The model for a block of user code (an evaluate, a recorded forward); restored when the block ends.
 
         Restored however the block ends, an interrupt included, so the model is as built between blocks and
         no caller has to remember to put it back. An error raised while restoring takes the place of the
-        block's own: the model could not be put back, which is the harder failure. `last`: the keeper's
+        block's own: the model could not be put back, which is the harder failure. torch's global state
+        is put back too (`who` names the user code that ran, for the warning). `last`: the keeper's
         final loan (`mpt check`'s planned evaluation); the model is given away instead of restored, so a
         block that changes it (loads a checkpoint) costs no rebuild, and the keeper lends nothing after.
         """
@@ -55,6 +69,7 @@ class ModelKeeper:
         try:
             yield self.model
         finally:
+            self.guard.restore(who)
             if last:
                 self.model = None  # type: ignore[assignment]
             else:

@@ -1,0 +1,96 @@
+"""Every evaluation runs with torch's global state as the tune started: leaks are put back and reported once;
+a model that is not FP32, or a tune started inside torch.autocast, is refused before the baseline."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from tuner.core.errors import ConfigError, UserCodeError
+from tuner.core.torch_state import TorchState
+from tuner.options.tune import TuneOptions
+from tuner.search.session import tune
+
+X = torch.linspace(-2, 2, 64 * 8).reshape(64, 8)
+
+
+def build() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+
+
+with torch.no_grad():
+    REF = build()(X)
+
+
+class Leaky:
+    """An evaluate that records the state it starts in, then leaves torch's global settings changed."""
+
+    def __init__(self) -> None:
+        self.seen: list[TorchState] = []
+
+    def __call__(self, model: nn.Module) -> float:
+        self.seen.append(TorchState.capture())
+        x = torch.zeros(64, 8) + X  # made in the default dtype: float64 if an earlier call's leak stayed
+        with torch.no_grad():
+            err = float((model(x) - REF).abs().max())
+        torch.set_default_dtype(torch.float64)
+        torch.set_grad_enabled(False)
+        torch.autocast("cpu", dtype=torch.bfloat16).__enter__()  # entered, never exited
+        torch.set_num_threads(max(1, torch.get_num_threads() - 1) if torch.get_num_threads() > 1 else 2)
+        return 1.0 - err
+
+
+@pytest.fixture
+def clean_state():
+    start = TorchState.capture()
+    yield start
+    start.restore()
+
+
+def test_a_leaking_evaluate_runs_every_trial_in_the_start_state_and_is_warned_once(clean_state):
+    evaluate = Leaky()
+    result = tune(build, evaluate, (X,), TuneOptions(dtype="bf16", tolerance=0.05, max_evals=6))
+    assert len(evaluate.seen) >= 3  # two baseline runs and at least the all-low trial
+    assert all(seen == clean_state for seen in evaluate.seen)
+    assert TorchState.capture() == clean_state  # and the caller gets its own state back
+    assert result.noise == 0.0 and all(t.error is None for t in result.trials)
+    leaks = [w for w in result.warnings if "global state" in w]
+    assert len(leaks) == 1, result.warnings
+    for what in ("default dtype float32 -> float64", "grad mode on -> off", "torch.autocast(cpu) off -> on",
+                 "threads"):
+        assert what in leaks[0]
+
+
+def test_a_clean_evaluate_gets_no_warning(clean_state):
+    def evaluate(model: nn.Module) -> float:
+        with torch.no_grad():
+            return 1.0 - float((model(X) - REF).abs().max())
+
+    result = tune(build, evaluate, (X,), TuneOptions(dtype="bf16", tolerance=0.05, max_evals=4))
+    assert not any("global state" in w for w in result.warnings)
+
+
+def test_a_bf16_model_is_refused_before_the_baseline(clean_state):
+    calls = []
+
+    def evaluate(model: nn.Module) -> float:
+        calls.append(1)
+        return 1.0
+
+    with pytest.raises(UserCodeError, match=r"not in float32 \(\d+ in bfloat16, first: parameter 0.weight\)"):
+        tune(lambda: build().to(torch.bfloat16), evaluate, (X,), TuneOptions(dtype="bf16"))
+    assert calls == []
+
+
+def test_a_tune_inside_torch_autocast_is_refused(clean_state):
+    calls = []
+
+    def evaluate(model: nn.Module) -> float:
+        calls.append(1)
+        return 1.0
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(ConfigError, match=r"inside an active torch.autocast\(cpu\)"):
+            tune(build, evaluate, (X,), TuneOptions(dtype="bf16"))
+    assert calls == []

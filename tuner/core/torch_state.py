@@ -1,0 +1,131 @@
+"""torch's process-wide settings that user code can leave changed: snapshot, compare, put back.
+
+A tune runs every evaluation with the settings mpt started with, so a trial cannot score differently
+because an earlier `evaluate` (or `build_model`) left `torch.set_default_dtype(torch.float64)`,
+`torch.set_grad_enabled(False)`, an entered `torch.autocast` or `torch.set_num_threads(1)` behind.
+`StateGuard` keeps the snapshot, puts it back after each piece of user code and remembers what had
+changed, for one warning at the end of the run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from tuner.core.errors import ConfigError, UserCodeError
+
+AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def _autocast_devices() -> tuple[str, ...]:
+    return tuple(d for d in AUTOCAST_DEVICES if d == "cpu" or torch.cuda.is_available())
+
+
+def _short(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+@dataclass(frozen=True)
+class TorchState:
+    """The settings of the calling thread and process that change how a forward computes."""
+
+    default_dtype: torch.dtype
+    grad_enabled: bool
+    autocast: tuple[tuple[str, bool, torch.dtype], ...]  # (device type, enabled, its lower dtype)
+    num_threads: int
+
+    @classmethod
+    def capture(cls) -> TorchState:
+        return cls(torch.get_default_dtype(), torch.is_grad_enabled(),
+                   tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _autocast_devices()),
+                   torch.get_num_threads())
+
+    def active_autocast(self) -> tuple[str, ...]:
+        """The device types whose torch.autocast is on."""
+        return tuple(d for d, on, _ in self.autocast if on)
+
+    def diff(self, now: TorchState) -> list[str]:
+        """What differs in `now` from this snapshot, one phrase per setting (`default dtype float32 -> float64`)."""
+        out = []
+        if now.default_dtype != self.default_dtype:
+            out.append(f"default dtype {_short(self.default_dtype)} -> {_short(now.default_dtype)} "
+                       "(torch.set_default_dtype)")
+        if now.grad_enabled != self.grad_enabled:
+            out.append(f"grad mode {'on' if self.grad_enabled else 'off'} -> {'on' if now.grad_enabled else 'off'} "
+                       "(torch.set_grad_enabled)")
+        for (dev, on, dtype), (_, on2, dtype2) in zip(self.autocast, now.autocast, strict=False):
+            if on != on2 or (on2 and dtype != dtype2):
+                was = f"on ({_short(dtype)})" if on else "off"
+                out.append(f"torch.autocast({dev}) {was} -> {f'on ({_short(dtype2)})' if on2 else 'off'} "
+                           "(an autocast entered and not exited)")
+        if now.num_threads != self.num_threads:
+            out.append(f"threads {self.num_threads} -> {now.num_threads} (torch.set_num_threads)")
+        return out
+
+    def restore(self) -> None:
+        """Make the current settings this snapshot's."""
+        torch.set_default_dtype(self.default_dtype)
+        torch.set_grad_enabled(self.grad_enabled)
+        for dev, on, dtype in self.autocast:
+            if torch.is_autocast_enabled(dev) != on or torch.get_autocast_dtype(dev) != dtype:
+                torch.set_autocast_enabled(dev, on)
+                torch.set_autocast_dtype(dev, dtype)
+                torch.clear_autocast_cache()
+        if torch.get_num_threads() != self.num_threads:
+            torch.set_num_threads(self.num_threads)
+
+
+def refuse_active_autocast(what: str = "a tune") -> TorchState:
+    """The current state; ConfigError when a torch.autocast is on (the "FP32 baseline" would not be FP32)."""
+    state = TorchState.capture()
+    active = state.active_autocast()
+    if active:
+        raise ConfigError(f"{what} was started inside an active torch.autocast({active[0]}): the FP32 baseline "
+                          "would run in a lower precision; start it outside the `with torch.autocast(...)` block")
+    return state
+
+
+class StateGuard:
+    """The settings a run started with, put back after each piece of user code (`restore`); `warning()` says
+    once what user code had changed."""
+
+    def __init__(self, start: TorchState | None = None) -> None:
+        self.start = start or TorchState.capture()
+        self.leaked: dict[str, str] = {}  # change -> the user code that first made it
+
+    def restore(self, who: str) -> bool:
+        """Put back the start state after `who` (`evaluate`, `build_model()`) ran; True when it had changed."""
+        changes = self.start.diff(TorchState.capture())
+        if not changes:
+            return False
+        self.start.restore()
+        for change in changes:
+            self.leaked.setdefault(change, who)
+        return True
+
+    def warning(self) -> str | None:
+        """One line about every setting user code left changed, or None."""
+        if not self.leaked:
+            return None
+        whos = " and ".join(dict.fromkeys(self.leaked.values()))
+        return (f"{whos} changed torch's global state and did not put it back: {'; '.join(self.leaked)}. mpt "
+                "restored it after every call, so the baseline and every trial ran with the state the tune "
+                "started with")
+
+
+def check_fp32_model(model: nn.Module, who: str = "build_model()", where: str | None = None) -> None:
+    """UserCodeError when a floating parameter or buffer of `model` is not FP32: mpt tunes an FP32 model."""
+    other: dict[torch.dtype, list[str]] = {}
+    for kind, items in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
+        for name, t in items:
+            if t.is_floating_point() and t.dtype != torch.float32:
+                other.setdefault(t.dtype, []).append(f"{kind} {name}")
+    if not other:
+        return
+    dtype, names = max(other.items(), key=lambda kv: len(kv[1]))
+    count = sum(len(v) for v in other.values())
+    raise UserCodeError(f"{who} returned a model with {count} floating parameter(s)/buffer(s) not in float32 "
+                        f"({len(names)} in {_short(dtype)}, first: {names[0]}): mpt tunes an FP32 model and takes "
+                        f"it as the FP32 baseline; return it in float32 (drop the .to({_short(dtype)}) / .half() "
+                        "/ .bfloat16())", where=where)

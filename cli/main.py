@@ -6,6 +6,7 @@ import click
 from . import exitcodes
 from .check_cmd import check_cmd
 from .inspect_cmd import inspect_cmd
+from .options import DEBUG
 from .presets_cmd import presets_cmd
 from .tune_cmd import tune_cmd
 
@@ -29,11 +30,10 @@ Start with:
 
 @click.group(help=HELP, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="mpt-tuner", prog_name="mpt")
-@click.option("--debug", is_flag=True, help="Show full tracebacks for errors.")
+@DEBUG
 @click.pass_context
-def main(ctx: click.Context, debug: bool) -> None:
+def main(ctx: click.Context) -> None:
     ctx.ensure_object(dict)
-    ctx.obj["debug"] = debug
 
 
 for _command in (inspect_cmd, tune_cmd, check_cmd, presets_cmd):

@@ -136,6 +136,23 @@ def test_evaluate_raises_points_at_user_line_and_debug_shows_traceback(runner, t
     assert "Traceback (most recent call last)" in res.stderr and f'line {line}, in evaluate' in res.stderr
 
 
+@pytest.mark.parametrize("command", ["tune", "inspect", "check"])
+def test_debug_works_after_the_command_too(runner, tmp_path, command):
+    """The error's own advice, followed literally (`mpt tune x.py --debug`), shows the traceback."""
+    path = model_file(tmp_path, {"build_model": "def build_model():\n    raise ValueError('no weights here')\n"})
+    line = line_of(path, "no weights here")
+    target = {"tune": [path, "--out", tmp_path / "out"], "inspect": [path],
+              "check": [tmp_path / "out", "--model", path]}[command]
+    if command == "check":  # a plan to check, tuned from a model that builds
+        assert tune(runner, tmp_path, model_file(tmp_path, name="good.py")).exit_code == exitcodes.OK
+    plain = mpt(runner, command, *target)
+    assert_error(plain, exitcodes.USER_CODE, "no weights here", "--debug")
+    for args in ([command, *target, "--debug"], ["--debug", command, *target]):
+        res = mpt(runner, *args)
+        assert res.exit_code == exitcodes.USER_CODE, res.output
+        assert "Traceback (most recent call last)" in res.stderr and f"line {line}, in build_model" in res.stderr
+
+
 @pytest.mark.parametrize("value,fragment", [
     ("float('nan')", "evaluate returned nan for the FP32 model"),
     ("float('inf')", "evaluate returned inf for the FP32 model"),

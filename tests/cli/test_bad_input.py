@@ -78,6 +78,18 @@ def test_model_file_missing(runner, tmp_path):
     assert not (tmp_path / "out").exists()  # nothing created before the inputs are checked
 
 
+def test_a_missing_file_is_bad_input_on_every_command_and_in_the_help(runner, tmp_path):
+    """A path that is not there is bad input (2), not an error in the user's code (4): the code and the
+    exit-code table in `mpt --help` agree."""
+    good = model_file(tmp_path)
+    assert tune(runner, tmp_path, good).exit_code == exitcodes.OK
+    for args in (["inspect", tmp_path / "nope.py"], ["check", tmp_path / "out", "--model", tmp_path / "nope.py"],
+                 ["tune", good, "--out", tmp_path / "o2", "--eval", "metric.py:score"]):
+        assert_error(mpt(runner, *args), exitcodes.USAGE, "not found")
+    shown = mpt(runner, "--help").output
+    assert f"{exitcodes.USAGE}    bad usage" in shown and "model file or function not found" in shown
+
+
 def test_model_file_not_python(runner, tmp_path):
     txt = tmp_path / "model.txt"
     txt.write_text("build_model = 1\n")

@@ -405,3 +405,24 @@ def test_exit_codes_are_documented_in_help(runner):
                        (130, "interrupted"), (1, "internal error")):
         assert any(line.strip().startswith(str(code)) and word in line for line in res.stdout.splitlines()), \
             (code, word)
+
+
+# --- module patterns ---------------------------------------------------------------------------------------
+
+def test_a_module_pattern_that_matches_nothing_is_refused(runner, tmp_path):
+    path = model_file(tmp_path)
+    assert mpt(runner, "inspect", path, "--module", "2=fp32", "--module", "*=fp32").exit_code == exitcodes.OK
+    res = mpt(runner, "inspect", path, "--module", "nosuch.*=fp32", "--module", "0=fp32")
+    err = assert_error(res, exitcodes.USAGE, "module pattern 'nosuch.*' matches no module", "0, 1, 2")
+    assert "'0'" not in err  # the pattern that does match is not blamed
+
+
+def test_autocast_modules_that_match_nothing_are_refused():
+    import tuner
+    from tuner.core.errors import ConfigError
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    with pytest.raises(ConfigError, match="module pattern 'typo' matches no module of the model"):
+        tuner.autocast("torch-cpu", "bf16", model=model, modules={"typo": "fp32"})
+    with tuner.autocast("torch-cpu", "bf16", model=model, modules={"0": "fp32"}):
+        assert model(torch.ones(2, 4)).dtype == torch.float32  # the override that matches still applies

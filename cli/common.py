@@ -76,8 +76,10 @@ def join_ranks(ctx: click.Context, device: str) -> Any:
     """
     from tuner.search.distributed import Ranks
 
+    ctx.ensure_object(dict)["joining"] = True  # an error now is every rank's to say: there is no group yet
     ranks = Ranks.from_env(device)
-    ctx.ensure_object(dict)["ranks"] = ranks
+    ctx.obj["joining"] = False
+    ctx.obj["ranks"] = ranks
     ranks.watch(_report_abort, lost_code=exitcodes.USER_CODE)
     return ranks
 
@@ -102,7 +104,7 @@ def _fail(ctx: click.Context, code: int, text: str, notes: tuple[str, ...] = (),
         ranks.abort(code, text, notes, report=_report_abort)
     from tuner.core.launch_env import is_follower_by_env
 
-    if not is_follower_by_env():  # the same error on every torchrun rank: rank 0 says it
+    if not is_follower_by_env() or (ctx.obj or {}).get("joining"):  # the same error on every rank: rank 0 says it
         err(text)
         if trace is not None:
             trace()

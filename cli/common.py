@@ -17,10 +17,12 @@ from tuner.core.errors import (
     DeviceError,
     Interrupted,
     MptError,
+    OutOfMemory,
     OutputError,
     PlanMismatchError,
     UserCodeError,
 )
+from tuner.core.memory import find_out_of_memory, out_of_memory
 
 from . import exitcodes
 from .options import display_names
@@ -129,12 +131,17 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
         except ValueError:  # not the main thread (e.g. some test runners)
             previous = None
         try:
-            return fn(*args, **kwargs)
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                if find_out_of_memory(exc) is None:
+                    raise
+                raise out_of_memory(exc, f"running mpt {ctx.command.name}") from exc  # one message, one code
         except (KeyboardInterrupt, Interrupted):
             _fail(ctx, exitcodes.INTERRUPTED, "interrupted; finished work was kept (rerun with --resume to continue "
                   "a tune)")
         except MptError as exc:
-            original = exc.original if isinstance(exc, UserCodeError) else None
+            original = exc.original if isinstance(exc, (UserCodeError, OutOfMemory)) else None
             notes: tuple[str, ...] = ()
             trace = None
             if debug and original is not None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from mpt_cli import exitcodes
 from mpt_cli.main import main
@@ -426,3 +427,72 @@ def test_autocast_modules_that_match_nothing_are_refused():
         tuner.autocast("torch-cpu", "bf16", model=model, modules={"typo": "fp32"})
     with tuner.autocast("torch-cpu", "bf16", model=model, modules={"0": "fp32"}):
         assert model(torch.ones(2, 4)).dtype == torch.float32  # the override that matches still applies
+
+
+# --- out of memory ---------------------------------------------------------------------------------------------
+
+OOM_EVALUATE = """\
+def evaluate(model):
+    import os
+    counter = os.environ["MPT_TEST_CALLS"]
+    with open(counter, "a") as fh:
+        fh.write("x")
+    n = len(open(counter).read())
+    if str(n) in os.environ.get("MPT_TEST_OOM", "").split(","):
+        torch.empty(1 << 50, dtype=torch.uint8)  # a real allocation failure: 1 PiB
+    with torch.no_grad():
+        out = model(torch.ones(3, 4))
+    return 1.0 - 0.0 * float(out.sum())
+"""
+
+
+def _journal(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()[1:]]
+
+
+def test_a_transient_out_of_memory_in_a_trial_is_retried_not_journaled(runner, tmp_path, monkeypatch):
+    path = model_file(tmp_path, {"evaluate": OOM_EVALUATE})
+    monkeypatch.setenv("MPT_TEST_CALLS", str(tmp_path / "clean.calls"))
+    clean = mpt(runner, "tune", path, "--out", tmp_path / "clean", "-q", "--no-latency")
+    assert clean.exit_code == exitcodes.OK, clean.output
+    first_trial = next(n for n, r in enumerate(_journal(tmp_path / "clean"), 1) if not r["key"].startswith("baseline"))
+    monkeypatch.setenv("MPT_TEST_CALLS", str(tmp_path / "oom.calls"))
+    monkeypatch.setenv("MPT_TEST_OOM", str(first_trial))  # that evaluation runs out of memory, once
+    res = mpt(runner, "tune", path, "--out", tmp_path / "oom", "-q", "--no-latency")
+    assert res.exit_code == exitcodes.OK, res.output
+    records = _journal(tmp_path / "oom")
+    assert not any(r.get("error") for r in records)  # never an accuracy failure
+    assert [r["key"] for r in records] == [r["key"] for r in _journal(tmp_path / "clean")]
+    plan = lambda out: yaml.safe_load((out / "plan.yaml").read_text())["fp32_instances"]  # noqa: E731
+    assert plan(tmp_path / "oom") == plan(tmp_path / "clean")
+
+
+def test_out_of_memory_is_one_message_and_exit_2_wherever_it_hits(runner, tmp_path, monkeypatch):
+    path = model_file(tmp_path, {"evaluate": OOM_EVALUATE})
+    monkeypatch.setenv("MPT_TEST_CALLS", str(tmp_path / "calls"))
+    monkeypatch.setenv("MPT_TEST_OOM", ",".join(str(n) for n in range(3, 50)))  # from the 3rd evaluation on
+    out = tmp_path / "out"
+    res = mpt(runner, "tune", path, "--out", out, "-q", "--no-latency")
+    line = line_of(path, "1 << 50")
+    err = assert_error(res, exitcodes.USAGE, "out of memory while running evaluate", f"(model.py:{line})",
+                       "can't allocate memory", "free memory")
+    assert err.splitlines()[0].startswith("mpt: error: out of memory while ")
+    assert not any(r.get("error") for r in _journal(out))  # the trial that ran out is not journaled
+    monkeypatch.delenv("MPT_TEST_OOM")
+    assert mpt(runner, "tune", path, "--out", out, "-q", "--no-latency", "--resume").exit_code == exitcodes.OK
+    # the same message and code from build_model and from a forward pass in inspect
+    huge = "def build_model():\n    return torch.empty(1 << 50, dtype=torch.uint8)\n"
+    build = model_file(tmp_path, {"build_model": huge}, name="build.py")
+    assert_error(mpt(runner, "inspect", build), exitcodes.USAGE, "out of memory while running build_model",
+                 "(build.py:")
+    fwd = model_file(tmp_path, {"example_inputs": "def example_inputs():\n    return (torch.ones(3, 4),)\n"},
+                     name="fwd.py", extra=textwrap.dedent("""
+        class Big(nn.Module):
+            def forward(self, x):
+                return x + torch.empty(1 << 50, dtype=torch.uint8).sum()
+
+
+        def build_model():
+            return Big()
+        """))
+    assert_error(mpt(runner, "inspect", fwd), exitcodes.USAGE, "out of memory while running ", "free memory")

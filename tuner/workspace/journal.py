@@ -132,6 +132,7 @@ class Journal:
         if len(records) != len(lines):  # drop the torn line so appends stay valid JSONL
             atomic_write(self.path, lambda tmp: Path(tmp).write_text(
                 "".join(json.dumps(r, default=str) + "\n" for r in records), encoding="utf-8"))
+            Manifest(self.path.parent).wrote({self.path.name: head_sha256(self.path)}, head=True)
         return True
 
     def _write_line(self, record: dict[str, Any], *, mode: str = "a") -> None:

@@ -17,10 +17,12 @@ from tuner.core.errors import (
     DeviceError,
     Interrupted,
     MptError,
+    OutOfMemory,
     OutputError,
     PlanMismatchError,
     UserCodeError,
 )
+from tuner.core.memory import find_out_of_memory, out_of_memory
 
 from . import exitcodes
 from .options import display_names
@@ -76,8 +78,10 @@ def join_ranks(ctx: click.Context, device: str) -> Any:
     """
     from tuner.search.distributed import Ranks
 
+    ctx.ensure_object(dict)["joining"] = True  # an error now is every rank's to say: there is no group yet
     ranks = Ranks.from_env(device)
-    ctx.ensure_object(dict)["ranks"] = ranks
+    ctx.obj["joining"] = False
+    ctx.obj["ranks"] = ranks
     ranks.watch(_report_abort, lost_code=exitcodes.USER_CODE)
     return ranks
 
@@ -102,7 +106,7 @@ def _fail(ctx: click.Context, code: int, text: str, notes: tuple[str, ...] = (),
         ranks.abort(code, text, notes, report=_report_abort)
     from tuner.core.launch_env import is_follower_by_env
 
-    if not is_follower_by_env():  # the same error on every torchrun rank: rank 0 says it
+    if not is_follower_by_env() or (ctx.obj or {}).get("joining"):  # the same error on every rank: rank 0 says it
         err(text)
         if trace is not None:
             trace()
@@ -127,12 +131,17 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
         except ValueError:  # not the main thread (e.g. some test runners)
             previous = None
         try:
-            return fn(*args, **kwargs)
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                if find_out_of_memory(exc) is None:
+                    raise
+                raise out_of_memory(exc, f"running mpt {ctx.command.name}") from exc  # one message, one code
         except (KeyboardInterrupt, Interrupted):
             _fail(ctx, exitcodes.INTERRUPTED, "interrupted; finished work was kept (rerun with --resume to continue "
                   "a tune)")
         except MptError as exc:
-            original = exc.original if isinstance(exc, UserCodeError) else None
+            original = exc.original if isinstance(exc, (UserCodeError, OutOfMemory)) else None
             notes: tuple[str, ...] = ()
             trace = None
             if debug and original is not None:

@@ -1,11 +1,17 @@
 """The `mpt` command: a thin click layer over the `tuner` library."""
 from __future__ import annotations
 
+import os
+import sys
+import threading
+from typing import Any
+
 import click
 
 from . import exitcodes
 from .check_cmd import check_cmd
 from .inspect_cmd import inspect_cmd
+from .options import DEBUG
 from .presets_cmd import presets_cmd
 from .tune_cmd import tune_cmd
 
@@ -27,13 +33,45 @@ Start with:
 """
 
 
-@click.group(help=HELP, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+def _stray_threads() -> list[threading.Thread]:
+    """Threads the user's code started and left running that would keep the process alive (not daemons)."""
+    return [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+
+
+class MptGroup(click.Group):
+    """The `mpt` group: a process that ran `mpt` ends when its work is done.
+
+    When the command is over (outputs written, the output folder's lock released) and a thread the user's
+    code started is still running, Python would wait for it at exit, forever for a loop; mpt says so once
+    and ends the process with its exit code. Only when run as the program (no `args` given, as the `mpt`
+    script and `python -m mpt_cli` call it), never inside a caller's process (click's CliRunner, a test).
+    """
+
+    def main(self, args: Any = None, *rest: Any, **kwargs: Any) -> Any:
+        if args is not None:
+            return super().main(args, *rest, **kwargs)
+        try:
+            return super().main(args, *rest, **kwargs)
+        except SystemExit as exc:
+            stray = _stray_threads()
+            if stray:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+                names = ", ".join(t.name for t in stray[:5]) + (", ..." if len(stray) > 5 else "")
+                print(f"mpt: warning: your code left {len(stray)} thread(s) running ({names}); mpt exits without "
+                      "waiting for them", file=sys.stderr)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+            raise
+
+
+@click.group(cls=MptGroup, help=HELP,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="mpt-tuner", prog_name="mpt")
-@click.option("--debug", is_flag=True, help="Show full tracebacks for errors.")
+@DEBUG
 @click.pass_context
-def main(ctx: click.Context, debug: bool) -> None:
+def main(ctx: click.Context) -> None:
     ctx.ensure_object(dict)
-    ctx.obj["debug"] = debug
 
 
 for _command in (inspect_cmd, tune_cmd, check_cmd, presets_cmd):

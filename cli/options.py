@@ -96,9 +96,20 @@ CONFIG = click.option("--config", CONFIG_PARAM, default=None, metavar="FILE", is
                            "version: 1. Paths in it are relative to the file; flags on the command line win.")
 
 
+def _set_debug(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.ensure_object(dict)["debug"] = True  # the group's and its command's contexts share this dict
+
+
+# The one option that is the command line's own, not a library option: accepted before the command name
+# (`mpt --debug tune ...`) and after it (`mpt tune x.py --debug`); `common.guarded` reads it.
+DEBUG = click.option("--debug", is_flag=True, expose_value=False, callback=_set_debug,
+                     help="Show full tracebacks for errors.")
+
+
 def options(command: str, *, config: bool = True) -> Callable[[Any], Any]:
-    """Decorator adding the parameters of `command`'s options class, in its order (and --config last)."""
-    decorators = [_param(f) for f in option_fields(COMMANDS[command])] + ([CONFIG] if config else [])
+    """Decorator adding the parameters of `command`'s options class, in its order (--config and --debug last)."""
+    decorators = [_param(f) for f in option_fields(COMMANDS[command])] + ([CONFIG] if config else []) + [DEBUG]
 
     def apply(fn: Any) -> Any:
         for decorate in reversed(decorators):

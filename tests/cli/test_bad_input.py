@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from mpt_cli import exitcodes
 from mpt_cli.main import main
@@ -78,6 +79,18 @@ def test_model_file_missing(runner, tmp_path):
     assert not (tmp_path / "out").exists()  # nothing created before the inputs are checked
 
 
+def test_a_missing_file_is_bad_input_on_every_command_and_in_the_help(runner, tmp_path):
+    """A path that is not there is bad input (2), not an error in the user's code (4): the code and the
+    exit-code table in `mpt --help` agree."""
+    good = model_file(tmp_path)
+    assert tune(runner, tmp_path, good).exit_code == exitcodes.OK
+    for args in (["inspect", tmp_path / "nope.py"], ["check", tmp_path / "out", "--model", tmp_path / "nope.py"],
+                 ["tune", good, "--out", tmp_path / "o2", "--eval", "metric.py:score"]):
+        assert_error(mpt(runner, *args), exitcodes.USAGE, "not found")
+    shown = mpt(runner, "--help").output
+    assert f"{exitcodes.USAGE}    bad usage" in shown and "model file or function not found" in shown
+
+
 def test_model_file_not_python(runner, tmp_path):
     txt = tmp_path / "model.txt"
     txt.write_text("build_model = 1\n")
@@ -134,6 +147,23 @@ def test_evaluate_raises_points_at_user_line_and_debug_shows_traceback(runner, t
     res = mpt(runner, "--debug", "tune", path, "--out", tmp_path / "out2", "-q")
     assert res.exit_code == exitcodes.USER_CODE
     assert "Traceback (most recent call last)" in res.stderr and f'line {line}, in evaluate' in res.stderr
+
+
+@pytest.mark.parametrize("command", ["tune", "inspect", "check"])
+def test_debug_works_after_the_command_too(runner, tmp_path, command):
+    """The error's own advice, followed literally (`mpt tune x.py --debug`), shows the traceback."""
+    path = model_file(tmp_path, {"build_model": "def build_model():\n    raise ValueError('no weights here')\n"})
+    line = line_of(path, "no weights here")
+    target = {"tune": [path, "--out", tmp_path / "out"], "inspect": [path],
+              "check": [tmp_path / "out", "--model", path]}[command]
+    if command == "check":  # a plan to check, tuned from a model that builds
+        assert tune(runner, tmp_path, model_file(tmp_path, name="good.py")).exit_code == exitcodes.OK
+    plain = mpt(runner, command, *target)
+    assert_error(plain, exitcodes.USER_CODE, "no weights here", "--debug")
+    for args in ([command, *target, "--debug"], ["--debug", command, *target]):
+        res = mpt(runner, *args)
+        assert res.exit_code == exitcodes.USER_CODE, res.output
+        assert "Traceback (most recent call last)" in res.stderr and f"line {line}, in build_model" in res.stderr
 
 
 @pytest.mark.parametrize("value,fragment", [
@@ -378,3 +408,93 @@ def test_exit_codes_are_documented_in_help(runner):
                        (130, "interrupted"), (1, "internal error")):
         assert any(line.strip().startswith(str(code)) and word in line for line in res.stdout.splitlines()), \
             (code, word)
+
+
+# --- module patterns ---------------------------------------------------------------------------------------
+
+def test_a_module_pattern_that_matches_nothing_is_refused(runner, tmp_path):
+    path = model_file(tmp_path)
+    assert mpt(runner, "inspect", path, "--module", "2=fp32", "--module", "*=fp32").exit_code == exitcodes.OK
+    res = mpt(runner, "inspect", path, "--module", "nosuch.*=fp32", "--module", "0=fp32")
+    err = assert_error(res, exitcodes.USAGE, "module pattern 'nosuch.*' matches no module", "0, 1, 2")
+    assert "'0'" not in err  # the pattern that does match is not blamed
+
+
+def test_autocast_modules_that_match_nothing_are_refused():
+    import tuner
+    from tuner.core.errors import ConfigError
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    with pytest.raises(ConfigError, match="module pattern 'typo' matches no module of the model"):
+        tuner.autocast("torch-cpu", "bf16", model=model, modules={"typo": "fp32"})
+    with tuner.autocast("torch-cpu", "bf16", model=model, modules={"0": "fp32"}):
+        assert model(torch.ones(2, 4)).dtype == torch.float32  # the override that matches still applies
+
+
+# --- out of memory ---------------------------------------------------------------------------------------------
+
+OOM_EVALUATE = """\
+def evaluate(model):
+    import os
+    counter = os.environ["MPT_TEST_CALLS"]
+    with open(counter, "a") as fh:
+        fh.write("x")
+    n = len(open(counter).read())
+    if str(n) in os.environ.get("MPT_TEST_OOM", "").split(","):
+        torch.empty(1 << 50, dtype=torch.uint8)  # a real allocation failure: 1 PiB
+    with torch.no_grad():
+        out = model(torch.ones(3, 4))
+    return 1.0 - 0.0 * float(out.sum())
+"""
+
+
+def _journal(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()[1:]]
+
+
+def test_a_transient_out_of_memory_in_a_trial_is_retried_not_journaled(runner, tmp_path, monkeypatch):
+    path = model_file(tmp_path, {"evaluate": OOM_EVALUATE})
+    monkeypatch.setenv("MPT_TEST_CALLS", str(tmp_path / "clean.calls"))
+    clean = mpt(runner, "tune", path, "--out", tmp_path / "clean", "-q", "--no-latency")
+    assert clean.exit_code == exitcodes.OK, clean.output
+    first_trial = next(n for n, r in enumerate(_journal(tmp_path / "clean"), 1) if not r["key"].startswith("baseline"))
+    monkeypatch.setenv("MPT_TEST_CALLS", str(tmp_path / "oom.calls"))
+    monkeypatch.setenv("MPT_TEST_OOM", str(first_trial))  # that evaluation runs out of memory, once
+    res = mpt(runner, "tune", path, "--out", tmp_path / "oom", "-q", "--no-latency")
+    assert res.exit_code == exitcodes.OK, res.output
+    records = _journal(tmp_path / "oom")
+    assert not any(r.get("error") for r in records)  # never an accuracy failure
+    assert [r["key"] for r in records] == [r["key"] for r in _journal(tmp_path / "clean")]
+    plan = lambda out: yaml.safe_load((out / "plan.yaml").read_text())["fp32_instances"]  # noqa: E731
+    assert plan(tmp_path / "oom") == plan(tmp_path / "clean")
+
+
+def test_out_of_memory_is_one_message_and_exit_2_wherever_it_hits(runner, tmp_path, monkeypatch):
+    path = model_file(tmp_path, {"evaluate": OOM_EVALUATE})
+    monkeypatch.setenv("MPT_TEST_CALLS", str(tmp_path / "calls"))
+    monkeypatch.setenv("MPT_TEST_OOM", ",".join(str(n) for n in range(3, 50)))  # from the 3rd evaluation on
+    out = tmp_path / "out"
+    res = mpt(runner, "tune", path, "--out", out, "-q", "--no-latency")
+    line = line_of(path, "1 << 50")
+    err = assert_error(res, exitcodes.USAGE, "out of memory while running evaluate", f"(model.py:{line})",
+                       "can't allocate memory", "free memory")
+    assert err.splitlines()[0].startswith("mpt: error: out of memory while ")
+    assert not any(r.get("error") for r in _journal(out))  # the trial that ran out is not journaled
+    monkeypatch.delenv("MPT_TEST_OOM")
+    assert mpt(runner, "tune", path, "--out", out, "-q", "--no-latency", "--resume").exit_code == exitcodes.OK
+    # the same message and code from build_model and from a forward pass in inspect
+    huge = "def build_model():\n    return torch.empty(1 << 50, dtype=torch.uint8)\n"
+    build = model_file(tmp_path, {"build_model": huge}, name="build.py")
+    assert_error(mpt(runner, "inspect", build), exitcodes.USAGE, "out of memory while running build_model",
+                 "(build.py:")
+    fwd = model_file(tmp_path, {"example_inputs": "def example_inputs():\n    return (torch.ones(3, 4),)\n"},
+                     name="fwd.py", extra=textwrap.dedent("""
+        class Big(nn.Module):
+            def forward(self, x):
+                return x + torch.empty(1 << 50, dtype=torch.uint8).sum()
+
+
+        def build_model():
+            return Big()
+        """))
+    assert_error(mpt(runner, "inspect", fwd), exitcodes.USAGE, "out of memory while running ", "free memory")

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tuner.core.output_files import COMMITTED, PLAN_NAME
+from tuner.core.output_files import COMMITTED, MANIFEST_NAME, PLAN_NAME
 from tuner.engine.native import ExecutionPath
 from tuner.policy.plan import Plan
 from tuner.report.json_report import report_dict
@@ -55,7 +55,7 @@ def test_the_writer_serializes_the_measured_report(tuned, tmp_path):
     model = task.build()
     measured = measure_report(result, model, latency=False)
     written = write_outputs(result, measured, tmp_path, model=model)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(COMMITTED)  # no staging folder left
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted((*COMMITTED, MANIFEST_NAME))  # no staging left
     assert written.checkpoint is not None and written.plan.checkpoint_sha256
     assert written.shares == measured.shares and written.trials == measured.trials
     data = json.loads((tmp_path / "report.json").read_text())

@@ -235,6 +235,38 @@ def test_one_process_ranks_do_nothing():
     assert ranks.decide(lambda: 3) == 3 and ranks.finish(None) == 0 and ranks.finish(3) == 3
 
 
+def run_alone(out: Path, **env: str) -> subprocess.CompletedProcess:
+    """`mpt tune` started by hand in a shell holding these torchrun variables (and no others)."""
+    clean = {k: v for k, v in base_env(**env).items() if k not in ("MASTER_ADDR", "MASTER_PORT") or k in env}
+    return subprocess.run([sys.executable, "-m", "mpt_cli", "tune", MODEL, "--out", str(out), "--no-latency"],
+                          cwd=ROOT, env={**clean, "MPT_DIST_TIMEOUT": "1800"}, capture_output=True, text=True,
+                          timeout=BOUND)
+
+
+@pytest.mark.parametrize("env", [{"WORLD_SIZE": "2"}, {"WORLD_SIZE": "2", "RANK": "0"},
+                                 {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "127.0.0.1"}],
+                         ids=["world-size-only", "rank-0-no-master", "no-master-port"])
+def test_torchrun_variables_without_torchrun_are_one_usage_error(tmp_path, env):
+    """WORLD_SIZE left in a shell: exit 2 at once with one mpt line, not exit 4 "could not join within 1800 s"."""
+    res = run_alone(tmp_path / "out", **env)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mpt: error: WORLD_SIZE=2 is set but "), res.stderr
+    assert "is not a torchrun worker" in lines[0] and "torchrun --nproc-per-node 2" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_lone_rank_1_says_so_in_one_line(tmp_path):
+    """Rank 1 with no rank 0: one mpt line on rank 1 itself (no group exists for rank 0 to report through),
+    exit 2, and none of torch's C++ stack frames."""
+    res = run_alone(tmp_path / "out", WORLD_SIZE="2", RANK="1", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(free_port()))
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mpt: error: rank 1 of 2: nothing answers at "), res.stderr
+    assert "rank 0 is not running" in lines[0] and "frame #" not in res.stderr
+
+
 def test_from_env_without_torchrun_is_one_process(monkeypatch):
     from tuner.search.distributed import Ranks
     from tuner.core.errors import ConfigError

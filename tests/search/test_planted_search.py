@@ -133,11 +133,11 @@ def test_library_call_takes_a_module_and_a_tensor_metric():
     def evaluate(model):
         seen["n"] += 1
         if seen["n"] == 3:  # the all-bf16 trial
-            raise RuntimeError("out of memory in trial")
+            raise RuntimeError("trial went wrong")  # (out of memory would be retried: test_bad_input)
         return torch.tensor(task.evaluate(model))
 
     result = tune(task.build(), evaluate, task.example_inputs(), TuneOptions())
-    assert result.status == "ok" and "out of memory" in (result.trials[2].error or "")
+    assert result.status == "ok" and "trial went wrong" in (result.trials[2].error or "")
     assert {i.label() for i in result.plan.fp32_instances} == task.build().fragile_labels()
 
 

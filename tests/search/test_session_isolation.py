@@ -165,8 +165,11 @@ def test_resume_without_example_inputs_repeats_no_evaluation(runner, tmp_path, m
 
 
 def test_a_journal_torn_inside_its_header_starts_over(runner, tmp_path, model_py):
+    from tuner.workspace.manifest import Manifest
+
     out = tmp_path / "out"
     out.mkdir()
+    Manifest(out).writing("journal.jsonl")  # what a run records before it writes the journal's header
     (out / "journal.jsonl").write_text('{"kind": "header", "format": 2, "sou')  # killed mid-header
     res = mpt(runner, "tune", model_py, "--out", out, "--resume", "-q")
     assert res.exit_code == exitcodes.OK, res.output

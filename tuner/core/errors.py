@@ -47,6 +47,18 @@ class DeviceError(MptError):
     """The device cannot run the requested dtype."""
 
 
+class OutOfMemory(DeviceError):
+    """The machine ran out of memory (tuner.core.memory): one message wherever it hits, exit 2.
+
+    mpt retried once where it could (a trial's evaluation); `original` is the allocator's error.
+    """
+
+    def __init__(self, message: str, *, original: BaseException | None = None) -> None:
+        self.original = original
+        super().__init__(message + "; free memory, make the batches in evaluate/example_inputs smaller, or use a "
+                         "device with more memory")
+
+
 class OutputError(MptError):
     """An output could not be written (disk full, permission): names the path and the cause."""
 

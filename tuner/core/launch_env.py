@@ -9,7 +9,7 @@ import os
 
 from tuner.core.errors import ConfigError
 
-__all__ = ["env_int", "env_world_size", "is_follower_by_env"]
+__all__ = ["env_int", "env_world_size", "is_follower_by_env", "launch_problem"]
 
 
 def env_int(name: str, default: int) -> int:
@@ -33,3 +33,20 @@ def is_follower_by_env() -> bool:
         return env_world_size() > 1 and env_int("RANK", 0) > 0
     except ConfigError:
         return False
+
+
+def launch_problem(size: int, *, group_ready: bool) -> str:
+    """Why this process with WORLD_SIZE=`size` is not a torchrun worker ('' when it looks like one).
+
+    torchrun sets RANK, MASTER_ADDR and MASTER_PORT with WORLD_SIZE; a WORLD_SIZE left in the shell (or
+    set by hand) without them cannot join anything. `group_ready`: the user's code already made the
+    process group, so the rendezvous variables are not needed.
+    """
+    needed = ("RANK",) if group_ready else ("RANK", "MASTER_ADDR", "MASTER_PORT")
+    missing = [n for n in needed if not os.environ.get(n, "").strip()]
+    if not missing:
+        return ""
+    names = " and ".join([", ".join(missing[:-1]), missing[-1]] if len(missing) > 1 else missing)
+    return (f"WORLD_SIZE={size} is set but {names} {'is' if len(missing) == 1 else 'are'} not, so "
+            f"this is not a torchrun worker: start mpt with `torchrun --nproc-per-node {size} --no-python mpt ...`, "
+            "or unset WORLD_SIZE for one process")

@@ -29,6 +29,7 @@ import torch
 
 from tuner.core.errors import ConfigError, UserCodeError
 from tuner.core.inputs import ModelInputs
+from tuner.core.memory import is_out_of_memory, out_of_memory
 
 __all__ = ["UserModel", "load_user_model", "call_user", "call_forward", "imported_user_files", "DEFAULT_BUILD",
            "DEFAULT_EVAL", "DEFAULT_INPUTS"]
@@ -277,7 +278,10 @@ def _run_user(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], *, wh
         if own:
             files.add(own)
         summary = f"called sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else f"raised {_exc_summary(exc)}"
-        raise UserCodeError(f"{what} {summary}", where=_user_frame(exc, files), original=exc) from exc
+        error = UserCodeError(f"{what} {summary}", where=_user_frame(exc, files), original=exc)
+        if is_out_of_memory(exc):  # not a bug in the user's code: the one out-of-memory error
+            raise out_of_memory(error, f"running {what}") from exc
+        raise error from exc
 
 
 # --- spec parsing and import -------------------------------------------------------------------------------

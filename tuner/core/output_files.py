@@ -17,6 +17,7 @@ JOURNAL_NAME = "journal.jsonl"  # kept across runs for --resume (tuner.workspace
 INPUTS_NAME = "journal-inputs.safetensors"  # inputs recorded from the first forward call, beside the journal
 LOCK_NAME = ".mpt.lock"  # held while a run uses the folder (tuner.workspace.folder)
 STAGING_NAME = ".mpt-staging"  # the writer's staging folder (STAGING_NAME-<random>), gone once committed
+MANIFEST_NAME = ".mpt-manifest.json"  # what mpt wrote into the folder, with digests (tuner.workspace.manifest)
 
 # The outputs a tune writes as a set, in the order they are committed: plan.yaml, the file that claims success, last.
 COMMITTED = (LOWER_OPS_NAME, FP32_OPS_NAME, CHECKPOINT_NAME, REPORT_JSON_NAME, SEARCH_PAGE_NAME, REPORT_MD_NAME,

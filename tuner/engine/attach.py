@@ -6,7 +6,7 @@ import functools
 import logging
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -72,6 +72,18 @@ def resolve(policy: PolicyLike, dtype: str | torch.dtype | None = None,
     return pol, lower, mods, instances
 
 
+def check_module_patterns(model: nn.Module, patterns: Iterable[str]) -> None:
+    """ConfigError naming every module path or glob that matches no module of `model` (a typo would
+    otherwise override nothing, silently)."""
+    paths = [p for p, _ in model.named_modules()]
+    unmatched = [q for q in patterns if not any(p == q or fnmatchcase(p, q) for p in paths)]
+    if unmatched:
+        top = [p for p in paths if p and "." not in p]
+        listing = ", ".join(top[:12]) + (", ..." if len(top) > 12 else "") if top else "none"
+        raise ConfigError([f"module pattern {q!r} matches no module of the model (its top-level modules: "
+                           f"{listing})" for q in unmatched])
+
+
 class _VerboseHandler(logging.StreamHandler):
     """The stderr handler `verbose=True` adds to the `tuner` logger when logging is not set up.
 
@@ -118,7 +130,8 @@ class autocast:
     """Run ops in a lower precision by policy: `with tuner.autocast("hmp", dtype="bf16"): model(x)`.
 
     `policy` is a preset name, a plan file (or output folder), a Plan or a Policy.
-    `modules` maps a module path or glob to a dtype and wins over the op lists.
+    `modules` maps a module path or glob to a dtype and wins over the op lists; with `model`, a
+    pattern that matches none of its modules is a ConfigError naming it.
     `verbose=True` logs every decision to the `tuner` logger at INFO; when logging is not set up (no
     handler), it adds a stderr handler so the lines show (`tuner: MODULE  OP#N  IN -> COMPUTE  (RULE)`).
     A callable gets each Decision instead.
@@ -140,6 +153,8 @@ class autocast:
                  dry_run: bool = False) -> None:
         policy = as_plan(policy)
         check_plan_fits(policy, model)
+        if model is not None and modules:
+            check_module_patterns(model, modules)
         pol, lower, mods, instances = resolve(policy, dtype, modules)
         if lower_list or fp32_list:
             pol = custom_policy(pol, lower_file=lower_list, fp32_file=fp32_list)

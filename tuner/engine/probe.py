@@ -24,6 +24,7 @@ from torch import nn
 
 from tuner.core.errors import DeployError, exc_line
 from tuner.core.inputs import ModelInputs
+from tuner.core.memory import find_out_of_memory, out_of_memory
 from tuner.engine.attach import attach, detach, native_device
 from tuner.policy.plan import Plan
 
@@ -91,6 +92,8 @@ def _first_failure(model: nn.Module, inputs: ModelInputs, plan: Plan) -> tuple[s
             with torch.no_grad():
                 inputs.call(model)
         except Exception as exc:  # noqa: BLE001 - any failure under autocast is what we look for
+            if find_out_of_memory(exc) is not None:  # the machine's limit, not the plan's: no module to blame
+                raise out_of_memory(exc, "checking that the plan runs under torch.autocast") from exc
             return stack.culprit(exc), exc
         return None
     finally:

@@ -7,7 +7,9 @@ the file names and their order are `tuner.core.output_files`. The old
 inside the output folder, and the files are then renamed into place with
 `plan.yaml` (the file that claims success) last. A failed write (disk full,
 permission) raises OutputError naming the file and the cause and leaves no
-plan.yaml; an interrupted write leaves none either.
+plan.yaml; an interrupted write leaves none either. The folder's manifest
+(tuner.workspace.manifest) records every committed file's sha256; a file in
+the folder that mpt did not write is never replaced (ConfigError, exit 2).
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from tuner.core.output_files import (
     COMMITTED,
     FP32_OPS_NAME,
     LOWER_OPS_NAME,
+    MANIFEST_NAME,
     PLAN_NAME,
     REPORT_JSON_NAME,
     REPORT_MD_NAME,
@@ -45,6 +48,7 @@ from tuner.report.outcome import TuneReport
 from tuner.report.search_page import search_page
 from tuner.report.verdict import plan_header
 from tuner.search.results import TuneResult
+from tuner.workspace.manifest import Manifest
 
 
 @contextlib.contextmanager
@@ -57,10 +61,16 @@ def _writing(out: Path, name: str) -> Iterator[None]:
 
 
 def withdraw_plan(out: str | Path) -> None:
-    """Remove the folder's plan.yaml: from now until the outputs are committed, nothing in it claims success."""
+    """Remove the folder's plan.yaml: from now until the outputs are committed, nothing in it claims success.
+
+    ConfigError when a plan.yaml there is not the one mpt wrote (tuner.workspace.manifest): it is left alone.
+    """
     out = Path(out)
+    manifest = Manifest(out)
+    manifest.check_ours([PLAN_NAME])
     with _writing(out, PLAN_NAME):
         (out / PLAN_NAME).unlink(missing_ok=True)
+    manifest.forget(PLAN_NAME)
 
 
 def write_outputs(result: TuneResult, report: TuneReport, out: str | Path, *, model: nn.Module) -> TuneReport:
@@ -73,16 +83,27 @@ def write_outputs(result: TuneResult, report: TuneReport, out: str | Path, *, mo
     time spent writing.
     """
     out = Path(out)
+    manifest = Manifest(out)
+    manifest.check_ours(COMMITTED)  # before anything is written: a file mpt did not write is never replaced
     withdraw_plan(out)
     with _writing(out, STAGING_NAME):
         stage = Path(tempfile.mkdtemp(prefix=f"{STAGING_NAME}-", dir=out))
+        manifest.add_staging(stage.name)  # a kill from here on leaves it for the next run to remove
     try:
         report = _write_staged(result, report, stage, out, model=model)
+        digests = {name: report.plan.checkpoint_sha256 if name == CHECKPOINT_NAME else sha256_file(stage / name)
+                   for name in COMMITTED}
+        with _writing(out, MANIFEST_NAME):
+            manifest.writing(*COMMITTED)
         for name in COMMITTED:
             with _writing(out, name):
                 os.replace(stage / name, out / name)
+        with _writing(out, MANIFEST_NAME):
+            manifest.wrote({n: d for n, d in digests.items() if d})
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            manifest.drop_staging(stage.name)
     return report
 
 

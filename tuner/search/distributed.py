@@ -33,6 +33,7 @@ import json
 import math
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -43,7 +44,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import torch
 
 from tuner.core.errors import ConfigError, UserCodeError, exc_line
-from tuner.core.launch_env import env_int, env_world_size
+from tuner.core.launch_env import env_int, env_world_size, launch_problem
 
 if TYPE_CHECKING:
     from tuner.core.inputs import ModelInputs
@@ -57,6 +58,7 @@ POLL_SECONDS = 0.2  # how often the watchdog looks for a failure posted by anoth
 ACK_SECONDS = 5.0  # how long a failing rank waits for the others to see its failure
 METRIC_RTOL = 1e-6  # ranks agree on a metric when their values are this close (relative)
 _LOST_POLLS = 5  # store errors in a row before a watchdog gives rank 0 up for lost
+JOIN_PROBE_SECONDS = 10.0  # how long a rank > 0 waits for anything to listen at MASTER_ADDR:MASTER_PORT
 
 _ABORT_KEY, _COUNT_KEY, _ACKS_KEY = "abort", "abort_count", "abort_acks"
 
@@ -129,16 +131,21 @@ class Ranks:
         size = env_world_size()
         if size <= 1:
             return cls()
-        rank, local_rank = env_int("RANK", -1), env_int("LOCAL_RANK", 0)
-        if not 0 <= rank < size:
-            raise ConfigError(f"RANK={os.environ.get('RANK')!r} with WORLD_SIZE={size}: expected 0 to {size - 1} "
-                              "(start mpt with torchrun, which sets them)")
         import torch.distributed as dist
 
         if not dist.is_available():
             raise ConfigError(f"WORLD_SIZE={size} says this is a torchrun worker, but this torch build has no "
                               "torch.distributed")
+        rank, local_rank = env_int("RANK", -1), env_int("LOCAL_RANK", 0)
+        if rank != -1 and not 0 <= rank < size:
+            raise ConfigError(f"RANK={os.environ.get('RANK')!r} with WORLD_SIZE={size}: expected 0 to {size - 1} "
+                              "(start mpt with torchrun, which sets them)")
         seconds = env_timeout() if timeout is None else timeout
+        problem = launch_problem(size, group_ready=dist.is_initialized())
+        if problem:
+            raise ConfigError(problem)
+        if rank > 0 and not dist.is_initialized():
+            _probe_master(rank, size, min(seconds, JOIN_PROBE_SECONDS))
         if device == "cuda" and torch.cuda.is_available():  # without CUDA, check_device says so
             torch.cuda.set_device(local_rank)
         group, owns = _join(rank, size, device, seconds)
@@ -361,6 +368,23 @@ def _join(rank: int, size: int, device: str, seconds: float) -> tuple[Any, tuple
         raise ConfigError(f"the process group is rank {dist.get_rank()} of {dist.get_world_size()}, "
                           f"but RANK={rank} and WORLD_SIZE={size}")
     return group, tuple(owns)
+
+
+def _probe_master(rank: int, size: int, seconds: float) -> None:
+    """ConfigError when nothing listens at MASTER_ADDR:MASTER_PORT within `seconds`: rank 0 (or torchrun's
+    store) is not there, and torch's own client would retry for the whole timeout, printing C++ frames."""
+    host, port = os.environ["MASTER_ADDR"], env_int("MASTER_PORT", 0)
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, min(1.0, seconds))):
+                return
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise ConfigError(f"rank {rank} of {size}: nothing answers at MASTER_ADDR:MASTER_PORT ({host}:{port}) "
+                                  f"after {seconds:g} s ({exc.strerror or exc}): rank 0 is not running; start every "
+                                  f"rank with `torchrun --nproc-per-node {size} --no-python mpt ...`") from None
+        time.sleep(0.2)
 
 
 def _store(wait: _dt.timedelta, *, own_client: bool) -> Any:

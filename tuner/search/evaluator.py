@@ -5,8 +5,9 @@ time from the start of the command), attaches the trial's plan as `tuner.load` a
 search approves is the one that is deployed), runs `evaluate` on the model the keeper lends, writes the journal,
 counts, and reports the trial. An `evaluate` that returns without calling the model (`model(...)`: a cached
 traced graph, another method) measures nothing mpt changes and is refused (UserCodeError); torch's
-global state is put back after each one (tuner.core.torch_state). Under torchrun rank 0's bounds decide
-and every rank must get the same metric (tuner.search.distributed).
+global state is put back after each one (tuner.core.torch_state). An evaluation that runs out of memory is
+retried once and never journaled as a failed trial (it raises OutOfMemory the second time). Under torchrun
+rank 0's bounds decide and every rank must get the same metric (tuner.search.distributed).
 """
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from tuner.core.errors import UserCodeError
+from tuner.core.errors import OutOfMemory, UserCodeError
 from tuner.core.loader import user_site
+from tuner.core.memory import find_out_of_memory, free_memory, out_of_memory
 from tuner.engine.attach import attach, detach
 from tuner.measure.shares import Shares
 from tuner.policy.plan import Plan
@@ -151,7 +153,21 @@ class Evaluator:
         return self._record(trial)
 
     def _call(self, plan: Plan | None) -> tuple[float | None, str | None, float]:
-        """(metric, error, seconds) of one `evaluate` on the lent model, with `plan` attached (None: FP32)."""
+        """(metric, error, seconds) of one `evaluate` on the lent model, with `plan` attached (None: FP32).
+
+        Out of memory is not a result: the evaluation is retried once (after freeing what can be freed), and
+        a second time raises OutOfMemory, with nothing journaled, so `resume` runs it again. Under torchrun
+        it raises at once (a rank cannot retry alone: the others are in their own collectives).
+        """
+        try:
+            return self._call_once(plan)
+        except OutOfMemory:
+            if self.ranks.distributed:
+                raise
+            free_memory()
+        return self._call_once(plan)
+
+    def _call_once(self, plan: Plan | None) -> tuple[float | None, str | None, float]:
         baseline = plan is None
         metric: float | None = None
         error: str | None = None
@@ -163,6 +179,8 @@ class Evaluator:
             try:
                 metric = _to_float(self._evaluate(model))
             except Exception as exc:
+                if find_out_of_memory(exc) is not None:
+                    raise out_of_memory(exc, "running evaluate") from exc
                 if baseline or self.ranks.distributed:  # a rank cannot tell whether the others raised too: stop all
                     raise
                 error = _describe(exc)

@@ -1,5 +1,9 @@
 """The output folder of one tune run: created, checked, and locked against a second run.
 
+Files under mpt's output names that mpt did not write (tuner.workspace.manifest)
+are never replaced or deleted: claiming such a folder is refused, whatever the
+flags.
+
 The lock is `fcntl.flock` on `.mpt.lock` inside the folder: the kernel drops
 it when the holding process ends, however it ends, so a killed run never
 leaves a lock that blocks later runs. The file holds the holder's pid and
@@ -16,6 +20,7 @@ from typing import Any
 
 from tuner.core.errors import ConfigError, OutputFolderBusy
 from tuner.core.output_files import LOCK_NAME
+from tuner.workspace.manifest import Manifest
 
 try:
     import fcntl
@@ -81,6 +86,11 @@ class OutputFolder:
         return fd
 
     def _check(self, *, resume: bool, overwrite: bool, outputs: tuple[str, ...]) -> None:
+        """Refuse a folder holding files under mpt's names that mpt did not write (whatever the flags), or
+        holding a run without `resume`/`overwrite`; remove the staging folders a killed run left."""
+        manifest = Manifest(self.path)
+        manifest.clean_staging()
+        manifest.check_ours(outputs)
         held = [n for n in outputs if (self.path / n).exists()]
         if held and not (resume or overwrite):
             raise ConfigError(f"`out` {self.path} already holds a run ({', '.join(held[:3])}); "
@@ -88,6 +98,7 @@ class OutputFolder:
         if overwrite and not resume:
             for n in held:
                 (self.path / n).unlink()
+            manifest.forget(*held)
 
     def release(self) -> None:
         if self._fd < 0:

@@ -24,9 +24,11 @@ import torch
 
 from tuner.core.errors import ConfigError
 from tuner.core.fileio import atomic_write
+from tuner.core.fingerprint import sha256_file
 from tuner.core.inputs import ModelInputs
 from tuner.core.output_files import INPUTS_NAME
 from tuner.core.version import __version__
+from tuner.workspace.manifest import Manifest, head_sha256
 
 JOURNAL_FORMAT = 2
 # The inputs file's metadata, as JSON: every argument's name in call order, and the non-tensor ones' values.
@@ -104,9 +106,14 @@ class Journal:
             self._start()
 
     def _start(self) -> None:
+        manifest = Manifest(self.path.parent)
+        manifest.check_ours([self.path.name, INPUTS_NAME])  # files mpt did not write are never deleted
+        manifest.writing(self.path.name)
         for stale in (self.path, self.path.with_name(INPUTS_NAME)):
             stale.unlink(missing_ok=True)
+        manifest.forget(INPUTS_NAME)
         self._write_line({"kind": "header", "format": JOURNAL_FORMAT, **self.fingerprint.to_dict()}, mode="w")
+        manifest.wrote({self.path.name: head_sha256(self.path)}, head=True)
 
     def _read(self) -> bool:
         """Load the entries; False when there is nothing to resume (empty, or torn inside the header)."""
@@ -137,6 +144,7 @@ class Journal:
         if len(records) != len(lines):  # drop the torn line so appends stay valid JSONL
             atomic_write(self.path, lambda tmp: Path(tmp).write_text(
                 "".join(json.dumps(r, default=str) + "\n" for r in records), encoding="utf-8"))
+            Manifest(self.path.parent).wrote({self.path.name: head_sha256(self.path)}, head=True)
         return True
 
     def _write_line(self, record: dict[str, Any], *, mode: str = "a") -> None:
@@ -165,7 +173,11 @@ class Journal:
             return False
         tensors = {n: v.detach().contiguous().cpu() for n, v in named if isinstance(v, torch.Tensor)}
         meta = {_NAMES_KEY: json.dumps([n for n, _ in named]), _VALUES_KEY: json.dumps(values)}
+        manifest = Manifest(self.path.parent)
+        manifest.check_ours([INPUTS_NAME])
+        manifest.writing(INPUTS_NAME)
         atomic_write(self.path.with_name(INPUTS_NAME), lambda tmp: save_file(tensors, tmp, metadata=meta))
+        manifest.wrote({INPUTS_NAME: sha256_file(self.path.with_name(INPUTS_NAME))})
         return True
 
     def load_inputs(self) -> ModelInputs | None:

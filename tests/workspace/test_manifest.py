@@ -1,0 +1,137 @@
+"""Nothing mpt did not write is ever overwritten: user files in `--out` survive every flag combination.
+
+Each case runs `mpt tune` through the CLI on a tiny real model. A file under one of
+mpt's output names that is not in the folder's manifest (or whose content is not
+what mpt wrote) is refused with exit 2 naming it, and left byte for byte.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mpt_cli import exitcodes
+from mpt_cli.main import main
+from tuner.core.output_files import (
+    CHECKPOINT_NAME,
+    COMMITTED,
+    MANIFEST_NAME,
+    OUTPUT_FILES,
+    PLAN_NAME,
+    STAGING_NAME,
+)
+
+MODEL = Path(__file__).parents[1] / "assets" / "valid_model.py"
+FLAGS = [(), ("--resume",), ("--overwrite",)]
+
+
+def tune(runner, out: Path, *flags: str):
+    res = runner.invoke(main, ["tune", str(MODEL), "--out", str(out), "-q", "--no-latency", *flags])
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.output
+    return res
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name != ".mpt.lock"}
+
+
+def assert_refused(res, path: Path) -> None:
+    assert res.exit_code == exitcodes.USAGE, res.output
+    first = res.stderr.splitlines()[0]
+    assert first.startswith("mpt: error: ") and str(path) in first and "mpt did not write" in first, first
+    assert "--resume" not in res.stderr  # never the advice that would overwrite it
+    assert "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("flags", FLAGS, ids=["plain", "resume", "overwrite"])
+def test_the_users_own_weights_in_out_survive(runner, tmp_path, flags):
+    out = tmp_path / "out"
+    out.mkdir()
+    weights = out / CHECKPOINT_NAME
+    weights.write_bytes(b"the user's FP32 weights" * 100)
+    res = tune(runner, out, *flags)
+    assert_refused(res, weights)
+    assert weights.read_bytes() == b"the user's FP32 weights" * 100
+    assert not (out / PLAN_NAME).exists()
+
+
+@pytest.mark.parametrize("flags", FLAGS, ids=["plain", "resume", "overwrite"])
+@pytest.mark.parametrize("name", OUTPUT_FILES)
+def test_a_user_file_replacing_one_of_mpts_outputs_survives(runner, tmp_path, name, flags):
+    out = tmp_path / "out"
+    assert tune(runner, out).exit_code == exitcodes.OK
+    (out / name).write_bytes(b"mine, not mpt's\n")  # the user put their own file under that name
+    before = snapshot(out)
+    res = tune(runner, out, *flags)
+    assert_refused(res, out / name)
+    assert snapshot(out) == before  # nothing replaced or deleted, the manifest included
+
+
+@pytest.mark.parametrize("flags", FLAGS, ids=["plain", "resume", "overwrite"])
+def test_files_under_other_names_are_never_touched(runner, tmp_path, flags):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    (out / "weights.pt").write_bytes(b"\x00" * 64)
+    assert tune(runner, out, *flags).exit_code == exitcodes.OK
+    assert (out / "notes.txt").read_text() == "keep me" and (out / "weights.pt").read_bytes() == b"\x00" * 64
+    again = tune(runner, out, *(flags or ("--overwrite",)))
+    assert again.exit_code == exitcodes.OK, again.output
+    assert (out / "notes.txt").read_text() == "keep me" and (out / "weights.pt").read_bytes() == b"\x00" * 64
+
+
+def test_mpts_own_outputs_are_listed_with_their_digests_and_replaced_by_either_flag(runner, tmp_path):
+    from tuner.core.fingerprint import sha256_file
+
+    out = tmp_path / "out"
+    assert tune(runner, out).exit_code == exitcodes.OK
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    for name in COMMITTED:
+        assert manifest["files"][name] == {"sha256": sha256_file(out / name)}
+    assert "head_sha256" in manifest["files"]["journal.jsonl"] and manifest["staging"] == []
+    for flags in (("--resume",), ("--overwrite",)):
+        assert tune(runner, out, *flags).exit_code == exitcodes.OK
+    plain = tune(runner, out)
+    assert plain.exit_code == exitcodes.USAGE and "already holds a run" in plain.stderr  # mpt's own run
+
+
+def test_a_plan_edited_by_the_user_is_not_replaced(runner, tmp_path):
+    out = tmp_path / "out"
+    assert tune(runner, out).exit_code == exitcodes.OK
+    edited = (out / PLAN_NAME).read_text() + "# my notes\n"
+    (out / PLAN_NAME).write_text(edited)
+    for flags in FLAGS:
+        assert_refused(tune(runner, out, *flags), out / PLAN_NAME)
+    assert (out / PLAN_NAME).read_text() == edited
+
+
+KILL_DURING_COMMIT = """
+import os, sys
+import tuner.report.writer as writer
+real, out = os.replace, os.path.abspath(sys.argv[2])
+def replace(src, dst):
+    if os.path.abspath(str(dst)) == os.path.join(out, "plan.yaml"):
+        os._exit(9)  # killed during the output commit: no cleanup runs
+    return real(src, dst)
+writer.os.replace = replace
+from mpt_cli.main import main
+sys.argv = ["mpt", "tune", sys.argv[1], "--out", sys.argv[2], "-q", "--no-latency"]
+main()
+"""
+
+
+def test_a_staging_folder_left_by_a_kill_during_the_commit_is_removed_by_the_next_run(runner, tmp_path):
+    out = tmp_path / "out"
+    killed = subprocess.run([sys.executable, "-c", KILL_DURING_COMMIT, str(MODEL), str(out)],
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == 9, killed.stderr
+    staging = [p for p in out.iterdir() if p.name.startswith(STAGING_NAME)]
+    assert len(staging) == 1 and (staging[0] / PLAN_NAME).is_file()  # a full plan.yaml, left behind
+    assert not (out / PLAN_NAME).exists()
+    res = tune(runner, out, "--overwrite")  # the files the kill left are mpt's (claimed before the commit)
+    assert res.exit_code == exitcodes.OK, res.output
+    assert not [p for p in out.iterdir() if p.name.startswith(STAGING_NAME)]
+    assert json.loads((out / MANIFEST_NAME).read_text())["staging"] == []

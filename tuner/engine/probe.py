@@ -91,7 +91,7 @@ def _first_failure(model: nn.Module, inputs: ModelInputs, plan: Plan) -> tuple[s
         try:
             with torch.no_grad():
                 inputs.call(model)
-        except Exception as exc:  # noqa: BLE001 - any failure under autocast is what we look for
+        except Exception as exc:
             if find_out_of_memory(exc) is not None:  # the machine's limit, not the plan's: no module to blame
                 raise out_of_memory(exc, "checking that the plan runs under torch.autocast") from exc
             return stack.culprit(exc), exc

@@ -90,8 +90,9 @@ def realize(model: nn.Module, device: str, lower: torch.dtype, module_overrides:
     return Execution(ExecutionPath.NATIVE, device, lower, tuple(islands), tuple(sorted(subtrees)))
 
 
-# (module, the forward it had in its __dict__ before or None, the hook install added to it or None)
+# (module, the forward it had in its __dict__ before or None or _UNCHANGED, the hook install added or None)
 Wrapped = list[tuple[nn.Module, Any, Any]]
+_UNCHANGED = object()  # the module's forward was left as it was (it only got a hook)
 
 
 def install(model: nn.Module, execution: Execution) -> Wrapped:
@@ -105,10 +106,11 @@ def install(model: nn.Module, execution: Execution) -> Wrapped:
     whoever calls it, and a wrapper called in its own region is a plain call. The wrappers hold no state,
     so compilers guard on nothing that changes per call.
 
-    An FP32 island also gets a forward pre-hook that does nothing: torch's fused fast paths
-    (`nn.TransformerEncoderLayer` in eval mode) run a whole layer as one kernel that reads its children's
-    weights directly, so the children would not run in their own (low) region, nor would the weights the
-    checkpoint stores lowered fit; those fast paths stand down when a module has hooks.
+    An FP32 island, and an `nn.TransformerEncoderLayer` in a low region, also get a forward pre-hook that
+    does nothing: torch's fused fast path (`nn.TransformerEncoderLayer` in eval mode with no grad) runs the
+    whole layer as one FP32 kernel that reads its children's weights directly, which torch.autocast on CPU
+    does not lower, so the layer would not run what the plan says (its children low); the fast path
+    stands down when a module of the layer has hooks. Under an FP32 module override it may run: all FP32.
     """
     assert execution.path is ExecutionPath.NATIVE and execution.device and execution.dtype
     fp32_own = set(execution.fp32_islands)
@@ -119,13 +121,16 @@ def install(model: nn.Module, execution: Execution) -> Wrapped:
         if id(module) in seen:
             continue
         seen.add(id(module))
-        region = _Region.FP32 if path in fp32_own or _under_any(path, fp32_tree) else _Region.LOW
+        region = _region_of(path, fp32_own, fp32_tree)
+        fused = path in fp32_own or (region is _Region.LOW and isinstance(module, nn.TransformerEncoderLayer))
+        hook = module.register_forward_pre_hook(_no_fast_path) if fused else None
         ancestors = [path.rsplit(".", k)[0] for k in range(1, path.count(".") + 1)] + ([""] if path else [])
         if path == "" or any(_region_of(a, fp32_own, fp32_tree) is not region for a in ancestors):
-            hook = module.register_forward_pre_hook(_no_fast_path) if path in fp32_own else None
             wrapped.append((module, module.__dict__.get("forward"), hook))
             module.forward = _region_forward(module.forward, region, execution.device, execution.dtype,
                                              root=path == "")
+        elif hook is not None:
+            wrapped.append((module, _UNCHANGED, hook))
     return wrapped
 
 
@@ -142,6 +147,8 @@ def uninstall(wrapped: Wrapped) -> None:
     for module, before, hook in reversed(wrapped):
         if hook is not None:
             hook.remove()
+        if before is _UNCHANGED:
+            continue
         if before is None:
             module.__dict__.pop("forward", None)
         else:

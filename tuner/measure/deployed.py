@@ -13,7 +13,8 @@
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,10 @@ GEMMS = frozenset({
 })
 _CASTS = frozenset({"_to_copy", "_autocast_to_reduced_precision"})
 _FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+class NotAsClaimed(AssertionError):
+    """mpt's own fault: the deployed model does not run what the plan and report claim (an internal error)."""
 
 
 @dataclass
@@ -136,37 +141,55 @@ def _names(dtypes: set[torch.dtype]) -> str:
     return ",".join(sorted(str(d).replace("torch.", "") for d in dtypes)) or "none"
 
 
-class NotAsClaimed(AssertionError):
-    """mpt's own fault: the deployed model does not run what the plan and report claim (an internal error)."""
+def weight_dtypes(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> dict[str, torch.dtype]:
+    """The parameters `tuner.load` gets in a lower dtype under `plan` (name -> dtype): those every use of
+    which, in the deployed forward of the FP32 model on `inputs`, is a cast to the plan's lower dtype.
+
+    The trials run with these stored lowered (`stored_as`) and the checkpoint stores them so: a kernel
+    that picks its path by the weights' dtype (`nn.MultiheadAttention`'s fast path) takes the same path in
+    both."""
+    return observe(model, plan, inputs).lowered
 
 
-def verify(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, seen: Observation,
-           claimed: Mapping[str, set[torch.dtype]], tolerated: Mapping[str, set[torch.dtype]]) -> None:
-    """Raise NotAsClaimed, naming the modules, when the matmuls/convs of `seen` ran in other dtypes than
-    `claimed` (module path -> dtypes its matmul/conv ops computed in under the plan; `tolerated`: the dtypes
-    of its other ops, whose kernels may multiply matrices too), or when the model with `seen.lowered`
-    stored lowered (what `tuner.load` builds from the checkpoint) does not give `seen.output` bit for bit."""
-    problems = gemm_mismatches(seen.gemms, claimed, tolerated)
-    if problems:
-        raise NotAsClaimed("the deployed model does not run what the plan claims (an mpt bug): "
-                           + "; ".join(problems[:5]))
-    loaded = dict(seen.lowered)
+@contextlib.contextmanager
+def stored_as(model: nn.Module, dtypes: Mapping[str, torch.dtype]) -> Iterator[nn.Module]:
+    """`model` with the named parameters held in the given dtypes (as `tuner.load` builds it from the
+    checkpoint), their FP32 tensors put back when the block ends."""
     kept: dict[str, Tensor] = {}
     try:
         with torch.no_grad():
             for name, p in model.named_parameters():
-                if name in loaded:
+                if name in dtypes and p.dtype != dtypes[name]:
                     kept[name] = p.data
-                    p.data = p.data.to(loaded[name])
-        again = observe(model, plan, inputs).output
+                    p.data = p.data.to(dtypes[name])
+        yield model
     finally:
         for name, p in model.named_parameters():
             if name in kept:
-                p.data = kept[name]
-    different = _first_difference(seen.output, again)
+                p.data = kept.pop(name)
+
+
+def verify(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, lowered: Mapping[str, torch.dtype],
+           claimed: Mapping[str, set[torch.dtype]], tolerated: Mapping[str, set[torch.dtype]]) -> Observation:
+    """The deployed forward (the model as the trials ran it: `lowered` stored lowered, the plan attached),
+    after checking that its matmuls/convs ran in the dtypes the plan claims: `claimed` (module path -> the
+    dtypes its matmul/conv ops computed in under the plan; `tolerated`: the dtypes of its other ops, whose
+    kernels may multiply matrices too). NotAsClaimed, naming the modules, when they did not."""
+    with stored_as(model, lowered):
+        seen = observe(model, plan, inputs)
+    problems = gemm_mismatches(seen.gemms, claimed, tolerated)
+    if problems:
+        raise NotAsClaimed("the deployed model does not run what the plan claims (an mpt bug): "
+                           + "; ".join(problems[:5]))
+    return seen
+
+
+def same_output(expected: Any, got: Any, what: str) -> None:
+    """NotAsClaimed unless `got` is `expected` bit for bit (tensors in the same nesting)."""
+    different = _first_difference(expected, got)
     if different:
-        raise NotAsClaimed(f"the model as tuner.load builds it (weights stored lowered) does not reproduce the "
-                           f"tuned model's output bit for bit (an mpt bug): {different}")
+        raise NotAsClaimed(f"{what} does not reproduce the tuned model's output bit for bit (an mpt bug): "
+                           f"{different}")
 
 
 def _first_difference(a: Any, b: Any) -> str:

@@ -27,7 +27,7 @@ from tuner.core.output_files import CHECKPOINT_NAME, PLAN_NAME
 from tuner.engine.attach import attach, check_plan_fits
 from tuner.engine.function_mode import Decision, PrecisionEngine
 from tuner.engine.kind import EngineKind
-from tuner.measure.deployed import Observation, observe, verify
+from tuner.measure.deployed import observe, same_output, stored_as, verify, weight_dtypes
 from tuner.measure.flops import MATMUL_OPS, RNN_OPS
 from tuner.measure.shares import ShareCounter, Shares
 from tuner.policy.plan import Plan
@@ -59,7 +59,6 @@ class PlanPass:
     shares: Shares
     claimed: dict[str, set[torch.dtype]] = field(default_factory=dict)
     tolerated: dict[str, set[torch.dtype]] = field(default_factory=dict)
-    seen: Observation | None = None  # the deployed forward (tuner.measure.deployed)
 
 
 def plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> PlanPass:
@@ -67,8 +66,9 @@ def plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> Plan
     (the report's call/FLOP shares, and the dtypes the plan claims), and once as deployed
     (`tuner.measure.deployed.observe`: the plan attached as `tuner.load` and the trials attach it).
 
-    A parameter goes into `lowered` when every use of it in the deployed forward is a cast to the lower
-    dtype, so the loaded model computes the bits the trials computed; tied parameters (one tensor, several
+    A parameter goes into `lowered` when every use of it in the deployed forward of the FP32 model is a cast
+    to the lower dtype (`weight_dtypes`): the trials ran with those stored lowered, as the checkpoint stores
+    them; tied parameters (one tensor, several
     names) are lowered under all their names or none.
     """
     inputs = ModelInputs.of(inputs)
@@ -86,16 +86,36 @@ def plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> Plan
                                           module_overrides=plan.module_overrides(),
                                           instance_overrides=plan.instance_overrides()):
         inputs.call(model)
-    seen = observe(model, plan, inputs)
-    return PlanPass(seen.lowered, counter.shares, claimed, tolerated, seen)
+    return PlanPass(weight_dtypes(model, plan, inputs), counter.shares, claimed, tolerated)
 
 
-def verify_plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, planned: PlanPass) -> None:
-    """NotAsClaimed (an internal error naming the modules) when the deployed forward of `planned` ran its
-    matmuls/convs in other dtypes than the plan claims, or when the model with the checkpoint's weights does
-    not reproduce its output bit for bit (`tuner.measure.deployed.verify`)."""
-    if planned.seen is not None:
-        verify(model, plan, inputs, planned.seen, planned.claimed, planned.tolerated)
+def verify_plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, planned: PlanPass) -> Any:
+    """The deployed forward's output (the model as the trials ran it), after checking that its matmuls/convs
+    ran in the dtypes the plan claims (`tuner.measure.deployed.verify`: NotAsClaimed, an internal error
+    naming the modules, when not)."""
+    return verify(model, plan, inputs, planned.lowered, planned.claimed, planned.tolerated).output
+
+
+def check_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, path: str | Path,
+                     lowered: Mapping[str, torch.dtype]) -> None:
+    """NotAsClaimed unless `model` with the weights of the checkpoint at `path`, the plan attached as
+    `tuner.load` attaches it, gives the output of the model as the trials ran it (`lowered` stored lowered)
+    on `inputs` bit for bit."""
+    with stored_as(model, lowered):
+        expected = observe(model, plan, inputs).output
+    tensors = load_file(str(path))
+    kept: dict[str, Tensor] = {}
+    try:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                kept[name] = p.data
+                p.data = tensors[name].to(p.device)
+        got = observe(model, plan, inputs).output
+    finally:
+        for name, p in model.named_parameters():
+            if name in kept:
+                p.data = kept[name]
+    same_output(expected, got, f"the model loaded from {Path(path).name}")
 
 
 def lowered_parameters(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> dict[str, torch.dtype]:

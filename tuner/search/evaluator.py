@@ -1,17 +1,20 @@
 """Full evaluations: the one place a tune calls the user's `evaluate`.
 
 An `Evaluator` reads a trial from the journal when an earlier run made it, else checks the bounds (evaluations,
-time from the start of the command), attaches the trial's plan as `tuner.load` attaches it (so the plan the
-search approves is the one that is deployed), runs `evaluate` on the model the keeper lends, writes the journal,
+time from the start of the command), builds the trial's model as `tuner.load` builds it from the trial's plan
+(the plan attached as `tuner.load` attaches it, and the parameters the checkpoint would store lowered held
+lowered: `tuner.measure.deployed`), so the plan the search approves is the model that is deployed, runs
+`evaluate` on the model the keeper lends, writes the journal,
 counts, and reports the trial. Under torchrun rank 0's bounds decide and every rank must get the same metric
 (tuner.search.distributed).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +22,9 @@ import torch
 from torch import nn
 
 from tuner.core.errors import UserCodeError
+from tuner.core.inputs import ModelInputs
 from tuner.engine.attach import attach, detach
+from tuner.measure.deployed import stored_as, weight_dtypes
 from tuner.measure.shares import Shares
 from tuner.policy.plan import Plan
 from tuner.search.distributed import Ranks, SharedJournal
@@ -81,6 +86,8 @@ class Evaluator:
         self.trials: list[Trial] = []
         self.evals = 0
         self.eval_seconds = 0.0
+        # the example inputs: they tell which parameters a trial's checkpoint stores lowered (None: none known)
+        self.inputs: ModelInputs | None = None
 
     def baseline(self) -> Trial:
         """One more run of the FP32 model as built. Not bounded; an evaluate that raises or gives no finite
@@ -130,17 +137,14 @@ class Evaluator:
         metric: float | None = None
         error: str | None = None
         with self.keeper.borrowed() as model:
-            if plan is not None:
-                attach(model, plan)  # the path tuner.load runs: what the search approves, deploys
             t0 = time.monotonic()
             try:
-                metric = _to_float(self._evaluate(model))
+                with self._deployed(model, plan):
+                    metric = _to_float(self._evaluate(model))
             except Exception as exc:  # noqa: BLE001 - the baseline re-raises; a trial fails
                 if baseline or self.ranks.distributed:  # a rank cannot tell whether the others raised too: stop all
                     raise
                 error = _describe(exc)
-            finally:
-                detach(model)
             secs = time.monotonic() - t0
             if metric is not None and self.ranks.distributed:
                 metric = self.ranks.agree(metric)  # the metric that counts: the all-reduced one, alike on every rank
@@ -149,6 +153,20 @@ class Evaluator:
                 raise UserCodeError(f"evaluate returned {metric} for the FP32 model; the baseline must be finite")
             error, metric = f"metric is {metric}", None
         return metric, error, secs
+
+    @contextlib.contextmanager
+    def _deployed(self, model: nn.Module, plan: Plan | None) -> Iterator[nn.Module]:
+        """`model` as `tuner.load` builds it from `plan` (None: the FP32 model as built), until the block ends."""
+        if plan is None:
+            yield model
+            return
+        lowered = weight_dtypes(model, plan, self.inputs) if self.inputs is not None else {}
+        with stored_as(model, lowered):
+            attach(model, plan)  # the path tuner.load runs: what the search approves, deploys
+            try:
+                yield model
+            finally:
+                detach(model)
 
     def _record(self, trial: Trial) -> Trial:
         self.evals += 1

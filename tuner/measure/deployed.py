@@ -95,7 +95,8 @@ class _Recorder(TorchDispatchMode):
 def observe(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> Observation:
     """Run `inputs` once through `model` with `plan` attached (no grad) and record it (module docstring).
 
-    `model` holds its FP32 weights and is left as it was (detached)."""
+    The random number generators are seeded alike for every such forward and put back after it. `model` is
+    left as it was (detached)."""
     inputs = ModelInputs.of(inputs)
     params: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
@@ -107,7 +108,8 @@ def observe(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> Observ
     attach(model, plan)
     tracker.install()
     try:
-        with torch.no_grad(), recorder:
+        with torch.no_grad(), torch.random.fork_rng(), recorder:
+            torch.manual_seed(0)  # a forward that draws random numbers draws the same ones every time
             output = inputs.call(model)
     finally:
         tracker.remove()
@@ -121,16 +123,19 @@ def gemm_mismatches(ran: Mapping[str, set[torch.dtype]], claimed: Mapping[str, s
                     tolerated: Mapping[str, set[torch.dtype]] | None = None) -> list[str]:
     """Modules whose matmuls/convs ran in a dtype the plan does not claim for them (nor for a module below
     them: a fused kernel does their work; nor for another op of theirs, in `tolerated`), or that the plan
-    claims ran in a dtype none of them (nor any below) ran in; one line each."""
+    claims ran in a dtype none of them (nor any module below or above them) ran in; one line each."""
     tolerated = tolerated or {}
     def below(path: str, table: Mapping[str, set[torch.dtype]]) -> set[torch.dtype]:
         return {d for p, ds in table.items() if p == path or path in ("", "-") or p.startswith(path + ".")
                 for d in ds}
 
+    def above(path: str, table: Mapping[str, set[torch.dtype]]) -> set[torch.dtype]:
+        return {d for p, ds in table.items() if p != path and (p == "" or path.startswith(p + ".")) for d in ds}
+
     problems = []
     for path in sorted(set(ran) | set(claimed)):
         extra = ran.get(path, set()) - below(path, claimed) - tolerated.get(path, set())
-        missing = claimed.get(path, set()) - below(path, ran)
+        missing = claimed.get(path, set()) - below(path, ran) - above(path, ran)
         if extra or missing:
             problems.append(f"{path or '(root)'}: matmuls/convs ran in {_names(ran.get(path, set()))}, the plan "
                             f"claims {_names(claimed.get(path, set()))}")

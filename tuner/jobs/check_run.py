@@ -27,6 +27,7 @@ from tuner.core.loader import UserModel, call_forward, load_user_model
 from tuner.core.output_files import CHECKPOINT_NAME, PLAN_NAME
 from tuner.engine.attach import attach
 from tuner.engine.function_mode import PrecisionEngine
+from tuner.measure.deployed import stored_as, weight_dtypes
 from tuner.options.commands import CheckOptions
 from tuner.options.shared import tolerance_problem
 from tuner.options.tune import TuneOptions
@@ -203,9 +204,12 @@ def _planned_metric(user: UserModel, plan: Plan, folder: Path, plan_file: Path,
             raise ConfigError(f"checkpoint: needs the tune output folder (with {PLAN_NAME} and {CHECKPOINT_NAME})",
                               fields=("checkpoint",))
         load(tuned, folder)
-    else:
+        return user.evaluate(tuned), warnings
+    # the model as tuner.load builds it from the plan (and as the tune's trials ran it): the parameters the
+    # checkpoint stores lowered held lowered
+    with stored_as(tuned, weight_dtypes(tuned, plan, example.to(options.device)) if example is not None else {}):
         attach(tuned, plan)
-    return user.evaluate(tuned), warnings
+        return user.evaluate(tuned), warnings
 
 
 def check_plan(options: CheckOptions | str | Path) -> CheckResult:

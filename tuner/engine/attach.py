@@ -277,7 +277,7 @@ def attach(model: nn.Module, policy: PolicyLike, dtype: str | torch.dtype | None
         execution = native.Execution(native.ExecutionPath.PYTHON, reason=reason)
     before = model.__dict__.get("forward")
     model.forward = torch.compiler.disable(forward)  # mpt's engine is Python per op: never traced  # type: ignore[method-assign]
-    setattr(model, _ATTACHED, _Attachment(execution, [(model, before)], getattr(forward, "_mpt_handles", [])))
+    setattr(model, _ATTACHED, _Attachment(execution, [(model, before, None)], getattr(forward, "_mpt_handles", [])))
     return model
 
 

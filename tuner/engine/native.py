@@ -90,38 +90,65 @@ def realize(model: nn.Module, device: str, lower: torch.dtype, module_overrides:
     return Execution(ExecutionPath.NATIVE, device, lower, tuple(islands), tuple(sorted(subtrees)))
 
 
-Wrapped = list[tuple[nn.Module, Any]]  # (module, the forward it had in its __dict__ before, or None)
+# (module, the forward it had in its __dict__ before or None or _UNCHANGED, the hook install added or None)
+Wrapped = list[tuple[nn.Module, Any, Any]]
+_UNCHANGED = object()  # the module's forward was left as it was (it only got a hook)
 
 
 def install(model: nn.Module, execution: Execution) -> Wrapped:
-    """Wrap the forwards that change region (the root always); returns what `uninstall` needs, root first.
+    """Wrap the forwards whose region differs from an ancestor's (the root always); returns what
+    `uninstall` needs, root first.
 
-    The wrappers hold no state, so compilers guard on nothing that changes per call.
+    A module may be called by any of its ancestors, not only its parent: containers (`nn.ModuleList`,
+    `nn.ModuleDict`) and parametrizations are never called themselves. So every module whose region differs
+    from that of some ancestor gets a wrapper, and the wrapper switches region only when the one it is
+    called in is not its own (`torch.is_autocast_enabled`): each module's own ops run in its region
+    whoever calls it, and a wrapper called in its own region is a plain call. The wrappers hold no state,
+    so compilers guard on nothing that changes per call.
+
+    An FP32 island, and an `nn.TransformerEncoderLayer` in a low region, also get a forward pre-hook that
+    does nothing: torch's fused fast path (`nn.TransformerEncoderLayer` in eval mode with no grad) runs the
+    whole layer as one FP32 kernel that reads its children's weights directly, which torch.autocast on CPU
+    does not lower, so the layer would not run what the plan says (its children low); the fast path
+    stands down when a module of the layer has hooks. Under an FP32 module override it may run: all FP32.
     """
     assert execution.path is ExecutionPath.NATIVE and execution.device and execution.dtype
     fp32_own = set(execution.fp32_islands)
     fp32_tree = set(execution.fp32_subtrees)
-    regions: dict[str, _Region] = {}
     wrapped: Wrapped = []
+    seen: set[int] = set()
     for path, module in model.named_modules():
-        parent = regions.get(path.rpartition(".")[0]) if path else None
-        if parent is _Region.FP32 and _under_any(path, fp32_tree):
-            region = _Region.FP32
-        elif path in fp32_own or path in fp32_tree:
-            region = _Region.FP32
-        else:
-            region = _Region.LOW
-        regions[path] = region
-        if path == "" or region is not parent:
-            wrapped.append((module, module.__dict__.get("forward")))
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        region = _region_of(path, fp32_own, fp32_tree)
+        fused = path in fp32_own or (region is _Region.LOW and isinstance(module, nn.TransformerEncoderLayer))
+        hook = module.register_forward_pre_hook(_no_fast_path) if fused else None
+        ancestors = [path.rsplit(".", k)[0] for k in range(1, path.count(".") + 1)] + ([""] if path else [])
+        if path == "" or any(_region_of(a, fp32_own, fp32_tree) is not region for a in ancestors):
+            wrapped.append((module, module.__dict__.get("forward"), hook))
             module.forward = _region_forward(module.forward, region, execution.device, execution.dtype,
                                              root=path == "")
+        elif hook is not None:
+            wrapped.append((module, _UNCHANGED, hook))
     return wrapped
+
+
+def _no_fast_path(module: nn.Module, args: Any) -> None:
+    """The pre-hook of an FP32 island (see `install`): its presence is what counts."""
+
+
+def _region_of(path: str, fp32_own: set[str], fp32_tree: set[str]) -> _Region:
+    return _Region.FP32 if path in fp32_own or _under_any(path, fp32_tree) else _Region.LOW
 
 
 def uninstall(wrapped: Wrapped) -> None:
     """Give every wrapped module back the forward it had (its class's, or one set on the instance before)."""
-    for module, before in reversed(wrapped):
+    for module, before, hook in reversed(wrapped):
+        if hook is not None:
+            hook.remove()
+        if before is _UNCHANGED:
+            continue
         if before is None:
             module.__dict__.pop("forward", None)
         else:
@@ -133,6 +160,8 @@ def _region_forward(original: Callable[..., Any], region: _Region, device: str, 
     if region is _Region.FP32:
         @functools.wraps(original)
         def fp32_forward(*args: Any, **kwargs: Any) -> Any:
+            if not root and not torch.is_autocast_enabled(device):  # called in an FP32 region already
+                return original(*args, **kwargs)
             with torch.autocast(device, enabled=False):
                 return original(*_to_fp32(args), **_to_fp32(kwargs))
 
@@ -140,6 +169,8 @@ def _region_forward(original: Callable[..., Any], region: _Region, device: str, 
 
     @functools.wraps(original)
     def low_forward(*args: Any, **kwargs: Any) -> Any:
+        if not root and torch.is_autocast_enabled(device):  # called in a low region already
+            return original(*args, **kwargs)
         with torch.autocast(device, dtype=lower):
             out = original(*args, **kwargs)
         return out if root else _to_fp32(out)  # back inside an FP32 island: its own ops compute in FP32

@@ -3,6 +3,12 @@
 Op calls are attributed to the innermost module on the stack. Paths are the
 names `named_modules()` gives, relative to the root: the model passed to the
 engine, or else the outermost module called while it is active ("" is the root).
+
+A module that is not registered under the root (one a forward creates per call, as
+`ACT2FN["silu"](x)` or `nn.SiLU()(x)` do, or one kept in a plain list) takes the path of
+the module that called it: a plan can only name modules `named_modules()` has, and a
+loaded plan runs such a module in its caller's region (`tuner.engine.native`), so its ops
+are its caller's own ops.
 """
 from __future__ import annotations
 
@@ -71,10 +77,8 @@ class ModuleTracker:
                 self._on_root_enter()
         names = self._paths_for(self._local.root)
         path = names.get(id(module))
-        if path is None:
-            parent = st[-1][1] if st else OUTSIDE
-            unnamed = f"<{type(module).__name__}>"
-            path = f"{parent}.{unnamed}" if parent not in ("", OUTSIDE) else unnamed
+        if path is None:  # not registered under the root: its ops are its caller's (see the docstring)
+            path = st[-1][1] if st else OUTSIDE
         token = self._on_enter(module, path) if self._on_enter is not None else None
         st.append((module, path, token))
 

@@ -30,6 +30,7 @@ from tuner.core.loader import UserModel, call_forward, load_user_model
 from tuner.core.output_files import CHECKPOINT_NAME, PLAN_NAME
 from tuner.engine.attach import attach
 from tuner.engine.function_mode import PrecisionEngine
+from tuner.measure.deployed import stored_as, weight_dtypes
 from tuner.options.commands import CheckOptions
 from tuner.options.shared import tolerance_problem
 from tuner.options.tune import TuneOptions
@@ -215,9 +216,13 @@ def _planned_metric(user: UserModel, keeper: ModelKeeper, plan: Plan, folder: Pa
     with keeper.borrowed("evaluate", last=True) as tuned:  # the last evaluation: the model need not be restored after
         if options.checkpoint:
             load(tuned, folder)
-        else:
+            return user.evaluate(tuned), warnings
+        # the model as tuner.load builds it from the plan (and as the tune's trials ran it): the parameters the
+        # checkpoint stores lowered held lowered
+        lowered = weight_dtypes(tuned, plan, example.to(options.device)) if example is not None else {}
+        with stored_as(tuned, lowered):
             attach(tuned, plan)
-        return user.evaluate(tuned), warnings
+            return user.evaluate(tuned), warnings
 
 
 def check_plan(options: CheckOptions | str | Path) -> CheckResult:

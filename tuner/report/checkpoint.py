@@ -1,15 +1,16 @@
 """The converted checkpoint: parameters stored in the dtype their ops compute in, as safetensors.
 
-A parameter is stored in the lower dtype only when every op call that uses it
-cast it to that dtype under the plan (so running the loaded model gives the
-same bits as running the FP32 model under the plan). Everything else, buffers
+A parameter is stored in the lower dtype only when every ATen-level use of it
+in the deployed forward (the plan attached as `tuner.load` attaches it) is a
+cast to that dtype, so running the loaded model gives the same bits as running
+the FP32 model under the plan, as the trials did. Everything else, buffers
 included, stays as it was. Loading never unpickles anything.
 """
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,8 @@ from tuner.core.output_files import CHECKPOINT_NAME, PLAN_NAME
 from tuner.engine.attach import attach, check_plan_fits
 from tuner.engine.function_mode import Decision, PrecisionEngine
 from tuner.engine.kind import EngineKind
+from tuner.measure.deployed import observe, same_output, stored_as, verify, weight_dtypes
+from tuner.measure.flops import MATMUL_OPS, RNN_OPS
 from tuner.measure.shares import ShareCounter, Shares
 from tuner.policy.plan import Plan
 
@@ -49,44 +52,70 @@ class CheckpointInfo:
 
 @dataclass(frozen=True)
 class PlanPass:
-    """What one recorded forward under the plan tells: the parameters to store lowered, and the shares."""
+    """What the plan's forwards on the example inputs tell: the parameters to store lowered, the shares, and
+    what the plan claims of each module's matmuls/convs (`claimed`; `tolerated`: its other ops' dtypes)."""
 
     lowered: dict[str, torch.dtype]
     shares: Shares
+    claimed: dict[str, set[torch.dtype]] = field(default_factory=dict)
+    tolerated: dict[str, set[torch.dtype]] = field(default_factory=dict)
 
 
 def plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> PlanPass:
-    """Run `inputs` once under the plan (mpt's engine, no grad), recording every op decision.
+    """Run `inputs` under the plan twice (no grad): once under mpt's engine, recording every op decision
+    (the report's call/FLOP shares, and the dtypes the plan claims), and once as deployed
+    (`tuner.measure.deployed.observe`: the plan attached as `tuner.load` and the trials attach it).
 
-    A parameter goes into `lowered` when every op call that uses it cast it to
-    the lower dtype; tied parameters (one tensor, several names) are lowered
-    under all their names or none. The same decisions give the report's
-    call/FLOP shares, so writing the outputs needs no second forward pass.
+    A parameter goes into `lowered` when every use of it in the deployed forward of the FP32 model is a cast
+    to the lower dtype (`weight_dtypes`): the trials ran with those stored lowered, as the checkpoint stores
+    them; tied parameters (one tensor, several
+    names) are lowered under all their names or none.
     """
     inputs = ModelInputs.of(inputs)
-    names: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(p), []).append(name)
-    seen: dict[int, set[torch.dtype | None]] = {}
     counter = ShareCounter()
-    dtype = plan.torch_dtype
+    claimed: dict[str, set[torch.dtype]] = {}
+    tolerated: dict[str, set[torch.dtype]] = {}
 
-    def record(d: Decision, func: Any, args: tuple, kwargs: dict, out: Any, raw_args: tuple, raw_kwargs: dict) -> None:
+    def record(d: Decision, func: Any, args: tuple, kwargs: dict, out: Any, *raw: Any) -> None:
         counter.add(d, args, kwargs, out)
-        pairs = list(zip(raw_args, args, strict=False)) + [(raw_kwargs[k], kwargs.get(k)) for k in raw_kwargs]
-        for raw, cast in pairs:
-            nested = isinstance(raw, (list, tuple)) and isinstance(cast, (list, tuple))
-            items = zip(raw, cast, strict=False) if nested else [(raw, cast)]
-            for r, c in items:
-                if isinstance(r, nn.Parameter) and id(r) in names:
-                    seen.setdefault(id(r), set()).add(c.dtype if isinstance(c, Tensor) and c is not r else None)
+        if d.compute is not None:
+            gemm = d.op in MATMUL_OPS or d.op in RNN_OPS
+            (claimed if gemm else tolerated).setdefault(d.module, set()).add(d.compute)
 
-    with torch.no_grad(), PrecisionEngine(plan.policy(), dtype, root=model, recorder=record,
+    with torch.no_grad(), PrecisionEngine(plan.policy(), plan.torch_dtype, root=model, recorder=record,
                                           module_overrides=plan.module_overrides(),
                                           instance_overrides=plan.instance_overrides()):
         inputs.call(model)
-    lowered = {name: dtype for key, dtypes in seen.items() if dtypes == {dtype} for name in names[key]}
-    return PlanPass(lowered, counter.shares)
+    return PlanPass(weight_dtypes(model, plan, inputs), counter.shares, claimed, tolerated)
+
+
+def verify_plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, planned: PlanPass) -> Any:
+    """The deployed forward's output (the model as the trials ran it), after checking that its matmuls/convs
+    ran in the dtypes the plan claims (`tuner.measure.deployed.verify`: NotAsClaimed, an internal error
+    naming the modules, when not)."""
+    return verify(model, plan, inputs, planned.lowered, planned.claimed, planned.tolerated).output
+
+
+def check_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, path: str | Path,
+                     lowered: Mapping[str, torch.dtype]) -> None:
+    """NotAsClaimed unless `model` with the weights of the checkpoint at `path`, the plan attached as
+    `tuner.load` attaches it, gives the output of the model as the trials ran it (`lowered` stored lowered)
+    on `inputs` bit for bit."""
+    with stored_as(model, lowered):
+        expected = observe(model, plan, inputs).output
+    tensors = load_file(str(path))
+    kept: dict[str, Tensor] = {}
+    try:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                kept[name] = p.data
+                p.data = tensors[name].to(p.device)
+        got = observe(model, plan, inputs).output
+    finally:
+        for name, p in model.named_parameters():
+            if name in kept:
+                p.data = kept[name]
+    same_output(expected, got, f"the model loaded from {Path(path).name}")
 
 
 def lowered_parameters(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> dict[str, torch.dtype]:

@@ -17,7 +17,7 @@ from tuner.core.inputs import ModelInputs
 from tuner.engine.attach import attach, attached, detach
 from tuner.engine.native import Execution
 from tuner.policy.plan import ModelRef, Plan
-from tuner.report.checkpoint import plan_pass
+from tuner.report.checkpoint import plan_pass, verify_plan_pass
 from tuner.report.latency import Latency, compare_latency
 from tuner.report.outcome import TuneReport
 from tuner.search.results import TuneResult, TuneStatus
@@ -33,6 +33,7 @@ def measure_report(result: TuneResult, model: nn.Module, *, model_ref: ModelRef 
     t0 = time.monotonic()
     inputs = ModelInputs() if result.inputs is None else ModelInputs.of(result.inputs)
     planned = plan_pass(model, result.plan, inputs)
+    verify_plan_pass(model, result.plan, inputs, planned)  # what the report claims is what ran, and loads
     plan = dataclasses.replace(result.plan, model=model_ref)
     warnings = list(result.warnings)
     timing = _latency(model, result, inputs, device, warnings) if latency else None

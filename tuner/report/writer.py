@@ -40,7 +40,7 @@ from tuner.core.output_files import (
     STAGING_NAME,
 )
 from tuner.policy.presets import write_op_list
-from tuner.report.checkpoint import save_checkpoint
+from tuner.report.checkpoint import check_checkpoint, save_checkpoint
 from tuner.report.json_report import report_json
 from tuner.report.markdown import report_markdown
 from tuner.report.oplists import op_lists
@@ -118,6 +118,8 @@ def _write_staged(result: TuneResult, report: TuneReport, stage: Path, out: Path
     with _writing(out, CHECKPOINT_NAME):
         info = save_checkpoint(model, report.plan, ModelInputs(), stage / CHECKPOINT_NAME, lowered=report.lowered)
         digest = sha256_file(stage / CHECKPOINT_NAME)
+    if result.inputs is not None:  # the checkpoint loads and gives the bits the trials gave (else an mpt bug)
+        check_checkpoint(model, report.plan, result.inputs, stage / CHECKPOINT_NAME, report.lowered)
     report = report.written(info, digest, time.monotonic() - t0)
     with _writing(out, PLAN_NAME):
         report.plan.save(stage / PLAN_NAME, header=plan_header(result))

@@ -1,20 +1,23 @@
 """Full evaluations: the one place a tune calls the user's `evaluate`.
 
 An `Evaluator` reads a trial from the journal when an earlier run made it, else checks the bounds (evaluations,
-time from the start of the command), attaches the trial's plan as `tuner.load` attaches it (so the plan the
-search approves is the one that is deployed), runs `evaluate` on the model the keeper lends, writes the journal,
-counts, and reports the trial. An `evaluate` that returns without calling the model (`model(...)`: a cached
-traced graph, another method) measures nothing mpt changes and is refused (UserCodeError); torch's
-global state is put back after each one (tuner.core.torch_state). An evaluation that runs out of memory is
-retried once and never journaled as a failed trial (it raises OutOfMemory the second time). Under torchrun
-rank 0's bounds decide and every rank must get the same metric (tuner.search.distributed).
+time from the start of the command), builds the trial's model as `tuner.load` builds it from the trial's plan
+(the plan attached as `tuner.load` attaches it, and the parameters the checkpoint would store lowered held
+lowered: `tuner.measure.deployed`), so the plan the search approves is the model that is deployed, runs
+`evaluate` on the model the keeper lends, writes the journal, counts, and reports the trial. An `evaluate`
+that returns without calling the model (`model(...)`: a cached traced graph, another method) measures nothing
+mpt changes and is refused (UserCodeError); torch's global state is put back after each one
+(tuner.core.torch_state). An evaluation that runs out of memory is retried once and never journaled as a
+failed trial (it raises OutOfMemory the second time). Under torchrun rank 0's bounds decide and every rank
+must get the same metric (tuner.search.distributed).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,9 +25,11 @@ import torch
 from torch import nn
 
 from tuner.core.errors import OutOfMemory, UserCodeError
+from tuner.core.inputs import ModelInputs
 from tuner.core.loader import user_site
 from tuner.core.memory import find_out_of_memory, free_memory, out_of_memory
 from tuner.engine.attach import attach, detach
+from tuner.measure.deployed import stored_as, weight_dtypes
 from tuner.measure.shares import Shares
 from tuner.policy.plan import Plan
 from tuner.search.distributed import Ranks, SharedJournal
@@ -109,6 +114,8 @@ class Evaluator:
         self.trials: list[Trial] = []
         self.evals = 0
         self.eval_seconds = 0.0
+        # the example inputs: they tell which parameters a trial's checkpoint stores lowered (None: none known)
+        self.inputs: ModelInputs | None = None
 
     def baseline(self) -> Trial:
         """One more run of the FP32 model as built. Not bounded; an evaluate that raises or gives no finite
@@ -172,12 +179,12 @@ class Evaluator:
         metric: float | None = None
         error: str | None = None
         with self.keeper.borrowed("evaluate") as model:
-            if plan is not None:
-                attach(model, plan)  # the path tuner.load runs: what the search approves, deploys
-            count = _ForwardCount(model)
             t0 = time.monotonic()
+            count = _ForwardCount(model)
             try:
-                metric = _to_float(self._evaluate(model))
+                with self._deployed(model, plan):
+                    count.calls = 0  # building the deployed model ran a forward of mpt's own: not evaluate's
+                    metric = _to_float(self._evaluate(model))
             except Exception as exc:
                 if find_out_of_memory(exc) is not None:
                     raise out_of_memory(exc, "running evaluate") from exc
@@ -186,7 +193,6 @@ class Evaluator:
                 error = _describe(exc)
             finally:
                 count.remove()
-                detach(model)
                 self.keeper.guard.restore("evaluate")  # the next evaluation starts from the state the run did
             secs = time.monotonic() - t0
             if metric is not None and self.ranks.distributed:
@@ -199,6 +205,20 @@ class Evaluator:
             raise UserCodeError(NO_FORWARD.format(which="the FP32 baseline" if baseline else "a trial"),
                                 where=user_site(self._evaluate))
         return metric, error, secs
+
+    @contextlib.contextmanager
+    def _deployed(self, model: nn.Module, plan: Plan | None) -> Iterator[nn.Module]:
+        """`model` as `tuner.load` builds it from `plan` (None: the FP32 model as built), until the block ends."""
+        if plan is None:
+            yield model
+            return
+        lowered = weight_dtypes(model, plan, self.inputs) if self.inputs is not None else {}
+        with stored_as(model, lowered):
+            attach(model, plan)  # the path tuner.load runs: what the search approves, deploys
+            try:
+                yield model
+            finally:
+                detach(model)
 
     def _record(self, trial: Trial) -> Trial:
         self.evals += 1

@@ -98,6 +98,7 @@ class TuneSession:
         try:
             inputs = self.example_inputs(inputs)
             found = self.find_candidates(inputs)
+            self.evaluator.inputs = found.inputs  # each trial holds lowered what its checkpoint would
             trials = SearchTrials(self.evaluator, found, base, accept, self.options)
             first = trials.probe(frozenset(), scores)
             self.check_metric_sees_outputs(found, base)

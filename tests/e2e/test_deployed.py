@@ -1,0 +1,276 @@
+"""A trial runs exactly what is deployed: `mpt tune` then `tuner.load` on models whose structure used to split them.
+
+Each model file is tuned by the CLI, loaded with `tuner.load` into a fresh model, and the loaded model must run,
+give the bits the tuned model gave under the plan, and run every matmul in the dtype the plan says (an
+ATen-level record: `tuner.measure.deployed.observe`).
+"""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import tuner
+from mpt_cli.main import main
+from tuner.core.loader import load_user_model
+from tuner.measure.deployed import observe, stored_as, weight_dtypes
+from tuner.policy.plan import Plan
+
+HEADER = """
+import torch
+from torch import nn
+import torch.nn.utils.parametrize as P
+
+X = torch.randn(64, 16, generator=torch.Generator().manual_seed(1))
+
+
+def example_inputs():
+    return (X[:8],)
+
+
+def evaluate(model):
+    with torch.no_grad():
+        out = model(X)
+        ref = build_model()(X)
+    return float(torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), dim=0))
+"""
+
+# (a) the layers are in a ModuleList (never called) under a module that owns a fragile op: an FP32 island
+MODULE_LIST = """
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(16, 16) for _ in range(3)])
+        self.proto = nn.Parameter(torch.randn(4, 16))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        # a fragile op of the block's own: bf16 rounding of 1000 + small swamps the signal
+        return torch.cdist(x + 1000.0, self.proto + 1000.0) + x @ self.proto.t()
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = Block()
+        self.head = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.head(self.block(x))
+
+
+def build_model():
+    torch.manual_seed(0)
+    return Model().eval()
+"""
+
+# (a) the same with parametrized weights, and a child whose forward returns None (it keeps its result)
+PARAMETRIZED = """
+class Scale(nn.Module):
+    def forward(self, w):
+        return w * 0.5
+
+
+class Keeper(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.kept = None
+
+    def forward(self, x):
+        self.kept = self.lin(x)
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(16, 16) for _ in range(2)])
+        for layer in self.layers:
+            P.register_parametrization(layer, "weight", Scale())
+        self.keeper = Keeper()
+        self.register_buffer("eye", torch.eye(16))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        self.keeper(x)
+        x = self.keeper.kept.float()
+        return (x + 1000.0) @ self.eye - 1000.0  # fragile in bf16: the block stays FP32
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = Block()
+
+    def forward(self, x):
+        return self.block(x)
+
+
+def build_model():
+    torch.manual_seed(0)
+    return Model().eval()
+"""
+
+# (b) a module made per call inside forward (HF Mamba's ACT2FN["silu"](x)): not in named_modules()
+FRESH_MODULE = """
+class Mixer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(16, 16)
+        self.out = nn.Linear(16, 4)
+        self.register_buffer("eye", torch.eye(16))
+
+    def forward(self, x):
+        h = nn.SiLU()(self.inp(x))  # a new module per call
+        return self.out((h + 1000.0) @ self.eye - 1000.0)  # fragile in bf16: the mixer stays FP32
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mixer = Mixer()
+
+    def forward(self, x):
+        return self.mixer(x)
+
+
+def build_model():
+    torch.manual_seed(0)
+    return Model().eval()
+"""
+
+# (c) PyTorch's fused nn.TransformerEncoder (eval mode, no grad: the fast path)
+ENCODER = """
+X = torch.randn(16, 6, 16, generator=torch.Generator().manual_seed(1))
+
+
+def example_inputs():
+    return (X[:2],)
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.proto = nn.Parameter(torch.randn(4, 16))
+
+    def forward(self, x):
+        y = self.encoder(x)
+        return torch.cdist(y + 1000.0, self.proto + 1000.0)
+
+
+def build_model():
+    torch.manual_seed(0)
+    return Model().eval()
+"""
+
+
+def _tune_and_load(tmp_path: Path, source: str, *extra: str):
+    path = tmp_path / "model.py"
+    path.write_text(textwrap.dedent(HEADER) + textwrap.dedent(source))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["tune", str(path), "--out", str(out), "--no-latency", "--tolerance", "0.001",
+                                    *extra])
+    assert res.exit_code == 0, res.output
+    user = load_user_model(str(path))
+    plan = Plan.load(out / "plan.yaml")
+    inputs = user.example_inputs()
+    model = user.build()
+    lowered = weight_dtypes(model, plan, inputs)
+    with stored_as(model, lowered):
+        trial = observe(model, plan, inputs)  # the model as the trials ran it
+    trial.lowered = lowered
+    loaded = tuner.load(user.build(), out)
+    tuner.detach(loaded)
+    deployed = observe(loaded, plan, inputs)
+    return plan, trial, deployed, out, user
+
+
+def _check_agree(plan: Plan, trial, deployed) -> None:
+    assert torch.equal(trial.output, deployed.output)  # the loaded model gives the trial's bits
+    assert trial.gemms == deployed.gemms
+    fp32 = {i.module for i in plan.fp32_instances}
+    for path, dtypes in deployed.gemms.items():  # every matmul where the plan says
+        assert dtypes == ({torch.float32} if path in fp32 else {torch.bfloat16}), (path, dtypes)
+
+
+def test_module_list_under_an_fp32_island_runs_low_in_trial_plan_report_and_loaded_model(tmp_path):
+    plan, trial, deployed, out, _ = _tune_and_load(tmp_path, MODULE_LIST)
+    assert {i.module for i in plan.fp32_instances} == {"block"}  # the island: the block's own ops
+    _check_agree(plan, trial, deployed)
+    for k in range(3):  # the layers in the never-called ModuleList run (and are stored) in bf16
+        assert deployed.gemms[f"block.layers.{k}"] == {torch.bfloat16}
+        assert f"block.layers.{k}.weight" in trial.lowered
+    report = (out / "report.md").read_text()
+    assert "block" in report
+
+
+def test_parametrized_weights_and_a_forward_returning_none_load_and_agree(tmp_path):
+    plan, trial, deployed, _, _ = _tune_and_load(tmp_path, PARAMETRIZED)
+    assert "block" in {i.module for i in plan.fp32_instances}
+    _check_agree(plan, trial, deployed)
+    assert deployed.gemms["block.layers.0"] == {torch.bfloat16}
+
+
+def test_a_module_made_inside_forward_counts_as_its_caller_and_the_plan_loads(tmp_path):
+    plan, trial, deployed, out, _ = _tune_and_load(tmp_path, FRESH_MODULE)
+    assert all("<" not in i.module for i in plan.fp32_instances)  # only modules named_modules() has
+    assert {i.module for i in plan.fp32_instances} == {"mixer"}
+    assert "silu" in {i.op for i in plan.fp32_instances}  # the fresh SiLU's call is the mixer's own
+    _check_agree(plan, trial, deployed)
+    res = CliRunner().invoke(main, ["check", str(out)])
+    assert res.exit_code == 0, res.output
+
+
+def test_fused_transformer_encoder_tuned_then_loaded_runs_and_matches(tmp_path):
+    plan, trial, deployed, out, user = _tune_and_load(tmp_path, ENCODER)
+    _check_agree(plan, trial, deployed)
+    loaded = tuner.load(user.build(), out)
+    with torch.no_grad():
+        assert torch.equal(loaded(*user.example_inputs()), trial.output)
+
+
+def test_an_encoder_layer_kept_fp32_as_an_island_loads_with_its_weights_as_the_trial_ran_them():
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    x = torch.randn(2, 5, 16)
+    plan = Plan(fp32_instances=(tuner.OpInstance("layers.0", "relu", 0),))  # the layer's own op: an island
+    lowered = weight_dtypes(model, plan, (x,))
+    with stored_as(model, lowered):
+        trial = observe(model, plan, (x,))
+    assert trial.gemms["layers.0.linear1"] == {torch.bfloat16}  # not the fused FP32 fast path
+    assert "layers.0.linear1.weight" in lowered
+    with torch.no_grad():  # what tuner.load builds: these weights stored lowered, the plan attached
+        for name, p in model.named_parameters():
+            p.data = p.data.to(lowered.get(name, p.dtype))
+        tuner.attach(model, plan)
+        assert torch.equal(model(x), trial.output)
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_tracker_names_an_unregistered_module_by_its_caller(fresh):
+    from tuner.engine.function_mode import PrecisionEngine
+    from tuner.policy.presets import load_preset
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.act = torch.nn.SiLU()
+
+        def forward(self, x):
+            return (torch.nn.SiLU() if fresh else self.act)(self.lin(x))
+
+    seen = []
+    model = M()
+    with torch.no_grad(), PrecisionEngine(load_preset("torch-cpu"), torch.bfloat16, root=model,
+                                          recorder=lambda d, *r: seen.append((d.module, d.op))):
+        model(torch.randn(2, 4))
+    assert ("" if fresh else "act", "silu") in seen

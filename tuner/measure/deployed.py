@@ -1,0 +1,210 @@
+"""What a plan's deployed model runs, seen where the kernels are chosen: the ATen level.
+
+`observe(model, plan, inputs)` attaches `plan` to the FP32 model the way `tuner.load` and every trial do
+(`tuner.engine.attach`), runs `inputs` once under a `TorchDispatchMode` and records:
+
+- every use of every parameter: a parameter whose every use is a cast to the plan's lower dtype is
+  `lowered`: stored in that dtype, the loaded model computes the same bits as the FP32 model the
+  trials ran (the cast is then a no-op), whatever the container structure, parametrizations or
+  fused kernels (a fused kernel that reads a weight directly is a use in FP32);
+- the dtypes every matmul/conv-like ATen op ran in, per module path (`ModuleTracker`'s paths:
+  a module created inside a forward counts as its caller), which `gemm_mismatches` compares with
+  what the plan claims.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from tuner.core.inputs import ModelInputs
+from tuner.engine.attach import attach, detach
+from tuner.engine.tracker import ModuleTracker
+from tuner.policy.plan import Plan
+
+# ATen ops that multiply matrices or convolve (the work whose precision a plan decides), fused ones included.
+GEMMS = frozenset({
+    "mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "convolution", "_convolution",
+    "convolution_overrideable", "mkldnn_convolution", "_mkldnn_linear", "mkldnn_linear", "_addmm_activation",
+    "_transformer_encoder_layer_fwd", "_native_multi_head_attention", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_int_mm", "_scaled_mm", "mkldnn_rnn_layer", "_thnn_fused_lstm_cell",
+    "_thnn_fused_gru_cell", "_cudnn_rnn",
+})
+_CASTS = frozenset({"_to_copy", "_autocast_to_reduced_precision"})
+_FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+class NotAsClaimed(AssertionError):
+    """mpt's own fault: the deployed model does not run what the plan and report claim (an internal error)."""
+
+
+@dataclass
+class Observation:
+    """One deployed forward: `lowered` parameter name -> dtype, `gemms` module path -> the dtypes its
+    matmul/conv ATen ops ran in, and the forward's output."""
+
+    lowered: dict[str, torch.dtype] = field(default_factory=dict)
+    gemms: dict[str, set[torch.dtype]] = field(default_factory=dict)
+    output: Any = None
+
+
+def _storage(t: Tensor) -> int | None:
+    try:
+        return t.untyped_storage().data_ptr() if t.layout is torch.strided and t.device.type != "meta" else None
+    except (RuntimeError, NotImplementedError):  # tensors with no storage (subclasses, functional wrappers)
+        return None
+
+
+class _Recorder(TorchDispatchMode):
+    """Parameter uses (by storage, so views and tied weights count as their parameter) and GEMM dtypes."""
+
+    def __init__(self, params: Mapping[int, list[str]], lower: torch.dtype, tracker: ModuleTracker) -> None:
+        super().__init__()
+        self.params = params
+        self.lower = lower
+        self.tracker = tracker
+        self.uses: dict[int, set[str]] = {}  # storage -> "cast" / "direct"
+        self.gemms: dict[str, set[torch.dtype]] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = func.overloadpacket.__name__
+        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)]
+        aliases = {_storage(t) for t in tree_leaves(out) if isinstance(t, Tensor)}
+        for t in tensors:
+            key = _storage(t)
+            if key is None or key not in self.params or key in aliases:  # a view of a parameter is no use of it
+                continue
+            cast = name in _CASTS and isinstance(out, Tensor) and out.dtype == self.lower != t.dtype
+            self.uses.setdefault(key, set()).add("cast" if cast else "direct")
+        if name in GEMMS:
+            dtypes = {t.dtype for t in tensors if t.dtype in _FLOATS}
+            if dtypes:
+                self.gemms.setdefault(self.tracker.current_path(), set()).update(dtypes)
+        return out
+
+
+def observe(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> Observation:
+    """Run `inputs` once through `model` with `plan` attached (no grad) and record it (module docstring).
+
+    The random number generators are seeded alike for every such forward and put back after it. `model` is
+    left as it was (detached)."""
+    inputs = ModelInputs.of(inputs)
+    params: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        key = _storage(p)
+        if key is not None and p.is_floating_point():
+            params.setdefault(key, []).append(name)
+    tracker = ModuleTracker(model)
+    recorder = _Recorder(params, plan.torch_dtype, tracker)
+    attach(model, plan)
+    tracker.install()
+    try:
+        with torch.no_grad(), torch.random.fork_rng(), recorder:
+            torch.manual_seed(0)  # a forward that draws random numbers draws the same ones every time
+            output = inputs.call(model)
+    finally:
+        tracker.remove()
+        detach(model)
+    lowered = {name: plan.torch_dtype for key, uses in recorder.uses.items() if uses == {"cast"}
+               for name in params[key]}
+    return Observation(lowered, recorder.gemms, output)
+
+
+def gemm_mismatches(ran: Mapping[str, set[torch.dtype]], claimed: Mapping[str, set[torch.dtype]],
+                    tolerated: Mapping[str, set[torch.dtype]] | None = None) -> list[str]:
+    """Modules whose matmuls/convs ran in a dtype the plan does not claim for them (nor for a module below
+    them: a fused kernel does their work; nor for another op of theirs, in `tolerated`), or that the plan
+    claims ran in a dtype none of them (nor any module below or above them) ran in; one line each."""
+    tolerated = tolerated or {}
+    def below(path: str, table: Mapping[str, set[torch.dtype]]) -> set[torch.dtype]:
+        return {d for p, ds in table.items() if p == path or path in ("", "-") or p.startswith(path + ".")
+                for d in ds}
+
+    def above(path: str, table: Mapping[str, set[torch.dtype]]) -> set[torch.dtype]:
+        return {d for p, ds in table.items() if p != path and (p == "" or path.startswith(p + ".")) for d in ds}
+
+    problems = []
+    for path in sorted(set(ran) | set(claimed)):
+        extra = ran.get(path, set()) - below(path, claimed) - tolerated.get(path, set())
+        missing = claimed.get(path, set()) - below(path, ran) - above(path, ran)
+        if extra or missing:
+            problems.append(f"{path or '(root)'}: matmuls/convs ran in {_names(ran.get(path, set()))}, the plan "
+                            f"claims {_names(claimed.get(path, set()))}")
+    return problems
+
+
+def _names(dtypes: set[torch.dtype]) -> str:
+    return ",".join(sorted(str(d).replace("torch.", "") for d in dtypes)) or "none"
+
+
+def weight_dtypes(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> dict[str, torch.dtype]:
+    """The parameters `tuner.load` gets in a lower dtype under `plan` (name -> dtype): those every use of
+    which, in the deployed forward of the FP32 model on `inputs`, is a cast to the plan's lower dtype.
+
+    The trials run with these stored lowered (`stored_as`) and the checkpoint stores them so: a kernel
+    that picks its path by the weights' dtype (`nn.MultiheadAttention`'s fast path) takes the same path in
+    both."""
+    return observe(model, plan, inputs).lowered
+
+
+@contextlib.contextmanager
+def stored_as(model: nn.Module, dtypes: Mapping[str, torch.dtype]) -> Iterator[nn.Module]:
+    """`model` with the named parameters held in the given dtypes (as `tuner.load` builds it from the
+    checkpoint), their FP32 tensors put back when the block ends."""
+    kept: dict[str, Tensor] = {}
+    try:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name in dtypes and p.dtype != dtypes[name]:
+                    kept[name] = p.data
+                    p.data = p.data.to(dtypes[name])
+        yield model
+    finally:
+        for name, p in model.named_parameters():
+            if name in kept:
+                p.data = kept.pop(name)
+
+
+def verify(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, lowered: Mapping[str, torch.dtype],
+           claimed: Mapping[str, set[torch.dtype]], tolerated: Mapping[str, set[torch.dtype]]) -> Observation:
+    """The deployed forward (the model as the trials ran it: `lowered` stored lowered, the plan attached),
+    after checking that its matmuls/convs ran in the dtypes the plan claims: `claimed` (module path -> the
+    dtypes its matmul/conv ops computed in under the plan; `tolerated`: the dtypes of its other ops, whose
+    kernels may multiply matrices too). NotAsClaimed, naming the modules, when they did not."""
+    with stored_as(model, lowered):
+        seen = observe(model, plan, inputs)
+    problems = gemm_mismatches(seen.gemms, claimed, tolerated)
+    if problems:
+        raise NotAsClaimed("the deployed model does not run what the plan claims (an mpt bug): "
+                           + "; ".join(problems[:5]))
+    return seen
+
+
+def same_output(expected: Any, got: Any, what: str) -> None:
+    """NotAsClaimed unless `got` is `expected` bit for bit (tensors in the same nesting)."""
+    different = _first_difference(expected, got)
+    if different:
+        raise NotAsClaimed(f"{what} does not reproduce the tuned model's output bit for bit (an mpt bug): "
+                           f"{different}")
+
+
+def _first_difference(a: Any, b: Any) -> str:
+    left, right = tree_leaves(a), tree_leaves(b)
+    if len(left) != len(right):
+        return f"{len(left)} outputs, then {len(right)}"
+    for i, (x, y) in enumerate(zip(left, right, strict=True)):
+        if isinstance(x, Tensor) and isinstance(y, Tensor):
+            same = x.dtype == y.dtype and x.shape == y.shape and bool(torch.equal(x, y) or (
+                x.is_floating_point() and torch.equal(torch.nan_to_num(x), torch.nan_to_num(y))))
+            if not same:
+                return f"output {i} differs ({x.dtype} {tuple(x.shape)} vs {y.dtype} {tuple(y.shape)})"
+    return ""

@@ -2,6 +2,7 @@
 (all-bf16 relative output error about 0.76), in FP32 it is exact. MPT_EVAL picks how evaluate reaches it:
 `forward` (model(x)), `encode` (another method, never forward), `traced` (a torch.jit.trace cached by the first
 call), `ignored` (calls model(x) but scores a trace cached by the first call)."""
+import copy
 import os
 import warnings
 
@@ -54,7 +55,9 @@ def evaluate(model):
             if "trace" not in _CACHE:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.trace is deprecated in 2.13
-                    _CACHE["trace"] = torch.jit.trace(model, (X,), check_trace=False)
+                    # "ignored" traces a copy: its weights stay FP32 whatever a trial does to the model's
+                    traced = copy.deepcopy(model) if how == "ignored" else model
+                    _CACHE["trace"] = torch.jit.trace(traced, (X,), check_trace=False)
             if how == "ignored":
                 model(X)
             return _score(_CACHE["trace"](X))

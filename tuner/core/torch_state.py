@@ -22,6 +22,17 @@ def _autocast_devices() -> tuple[str, ...]:
     return tuple(d for d in AUTOCAST_DEVICES if d == "cpu" or torch.cuda.is_available())
 
 
+def autocast_nesting() -> int:
+    """How many torch.autocast blocks are open (torch has no getter: one step up and back down tells).
+
+    An autocast entered and never exited leaves this above zero, and then autocast keeps its cache of cast
+    weights across blocks: a later forward would reuse casts of tensors that may since have been replaced.
+    """
+    level = torch.autocast_increment_nesting() - 1
+    torch.autocast_decrement_nesting()
+    return level
+
+
 def _short(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
@@ -34,12 +45,13 @@ class TorchState:
     grad_enabled: bool
     autocast: tuple[tuple[str, bool, torch.dtype], ...]  # (device type, enabled, its lower dtype)
     num_threads: int
+    autocast_nesting: int = 0  # open torch.autocast blocks (autocast_nesting())
 
     @classmethod
     def capture(cls) -> TorchState:
         return cls(torch.get_default_dtype(), torch.is_grad_enabled(),
                    tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _autocast_devices()),
-                   torch.get_num_threads())
+                   torch.get_num_threads(), autocast_nesting())
 
     def active_autocast(self) -> tuple[str, ...]:
         """The device types whose torch.autocast is on."""
@@ -59,6 +71,9 @@ class TorchState:
                 was = f"on ({_short(dtype)})" if on else "off"
                 out.append(f"torch.autocast({dev}) {was} -> {f'on ({_short(dtype2)})' if on2 else 'off'} "
                            "(an autocast entered and not exited)")
+        if now.autocast_nesting != self.autocast_nesting and not any("autocast" in o for o in out):
+            out.append(f"open torch.autocast blocks {self.autocast_nesting} -> {now.autocast_nesting} "
+                       "(an autocast entered and not exited)")
         if now.num_threads != self.num_threads:
             out.append(f"threads {self.num_threads} -> {now.num_threads} (torch.set_num_threads)")
         return out
@@ -74,6 +89,11 @@ class TorchState:
                 torch.clear_autocast_cache()
         if torch.get_num_threads() != self.num_threads:
             torch.set_num_threads(self.num_threads)
+        nesting = autocast_nesting()
+        while nesting > self.autocast_nesting:  # close what was left open; the cache goes with the last block
+            nesting = torch.autocast_decrement_nesting()
+            if nesting == 0:
+                torch.clear_autocast_cache()
 
 
 def refuse_active_autocast(what: str = "a tune") -> TorchState:

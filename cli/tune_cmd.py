@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from tuner.core.launch_env import is_follower_by_env
+from tuner.report.metric_text import MetricDigits, fmt_metric
 
 from . import exitcodes
 from .common import guarded, join_ranks
@@ -40,6 +41,7 @@ class _Renderer:
         self.progress: Any = None
         self.task: Any = None
         self.status: Any = None
+        self.digits = MetricDigits()  # one run's metrics are written with one number of digits
 
     def working(self, message: str) -> None:
         """A spinner on a terminal (replaced by the next line), a plain line when piped."""
@@ -75,7 +77,8 @@ class _Renderer:
             return
         self.stop()
         if event.kind is EventKind.BASELINE:
-            self.out.print(self.baseline_line(data), markup=False)
+            self.digits.set_reference(data.value, data.target)
+            self.out.print(self.baseline_line(data, self.digits.digits), markup=False)
             if self.tty:
                 self.working("finding the op instances that run in lower precision ...")
         elif event.kind is EventKind.CANDIDATES:
@@ -85,11 +88,12 @@ class _Renderer:
             self.trial(data)
 
     @staticmethod
-    def baseline_line(b: Any) -> str:
+    def baseline_line(b: Any, digits: int = 6) -> str:
         """`baseline 0.9521; target >= 0.942579`, with the noise margin when evaluate is not deterministic."""
         relation = "<=" if b.lower_is_better else ">="
         noise = f" (noise ±{b.spread:.3g}: a trial must clear the target by more)" if b.noisy else ""
-        return f"baseline {b.value:.6g}{noise}; target {relation} {b.target:.6g}"
+        d = max(6, digits)
+        return f"baseline {fmt_metric(b.value, d)}{noise}; target {relation} {fmt_metric(b.target, d)}"
 
     def ranking(self, progress: Any) -> None:
         """The method once when piped; a progress bar on a terminal."""
@@ -111,9 +115,7 @@ class _Renderer:
             self.progress.update(self.task, completed=progress.done)
 
     def trial(self, t: Any) -> None:
-        from tuner.report.metric_text import fmt_metric
-
-        metric = "error" if t.metric is None and not t.baseline else fmt_metric(t.metric)
+        metric = "error" if t.metric is None and not t.baseline else fmt_metric(t.metric, self.digits.add(t.metric))
         verdict = "base" if t.baseline else "pass" if t.passed else "FAIL"
         extra = f" ({t.error})" if t.error else ""
         cached = " [journal]" if t.from_journal else ""

@@ -29,6 +29,19 @@ log = logging.getLogger("tuner")
 PolicyLike = str | Path | Plan | Policy
 
 
+# torch.autocast's `device_type`, as `tuner.autocast("cpu", torch.bfloat16)` gives it: the preset that is its lists
+DEVICE_PRESETS = {"cpu": "torch-cpu", "cuda": "torch-cuda"}
+
+
+def device_preset(policy: PolicyLike | torch.device) -> PolicyLike:
+    """`"cpu"`/`"cuda"` (or a torch.device) -> the torch-cpu/torch-cuda preset; anything else as given."""
+    if isinstance(policy, torch.device):
+        policy = policy.type
+    if isinstance(policy, str) and policy in DEVICE_PRESETS:
+        return DEVICE_PRESETS[policy]
+    return policy
+
+
 def as_plan(policy: PolicyLike) -> PolicyLike:
     """A plan file or folder read into a Plan; anything else as given."""
     if isinstance(policy, (str, Path)) and (str(policy).endswith((".yaml", ".yml")) or Path(policy).is_dir()):
@@ -129,7 +142,9 @@ def native_device(pol: Policy) -> NativeDevice | None:
 class autocast:
     """Run ops in a lower precision by policy: `with tuner.autocast("hmp", dtype="bf16"): model(x)`.
 
-    `policy` is a preset name, a plan file (or output folder), a Plan or a Policy.
+    `policy` is a preset name, a plan file (or output folder), a Plan or a Policy; torch.autocast's
+    `device_type` ("cpu", "cuda" or a torch.device) means its own lists, the torch-cpu/torch-cuda preset:
+    `tuner.autocast("cpu", torch.bfloat16)` is torch.autocast's positional form.
     `modules` maps a module path or glob to a dtype and wins over the op lists; with `model`, a
     pattern that matches none of its modules is a ConfigError naming it.
     `verbose=True` logs every decision to the `tuner` logger at INFO; when logging is not set up (no
@@ -145,13 +160,13 @@ class autocast:
     that records another model's structure than `model`.
     """
 
-    def __init__(self, policy: PolicyLike = "torch-cpu", dtype: str | torch.dtype | None = None, *,
+    def __init__(self, policy: PolicyLike | torch.device = "torch-cpu", dtype: str | torch.dtype | None = None, *,
                  model: nn.Module | None = None, modules: Mapping[str, str | torch.dtype] | None = None,
                  verbose: bool | Callable[[Decision], None] = False,
                  recorder: Callable[..., None] | None = None, engine: str | EngineKind = EngineKind.AUTO,
                  lower_list: str | Path | None = None, fp32_list: str | Path | None = None,
                  dry_run: bool = False) -> None:
-        policy = as_plan(policy)
+        policy = as_plan(device_preset(policy))
         check_plan_fits(policy, model)
         if model is not None and modules:
             check_module_patterns(model, modules)

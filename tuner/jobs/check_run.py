@@ -36,6 +36,7 @@ from tuner.options.shared import tolerance_problem
 from tuner.options.tune import TuneOptions
 from tuner.policy.plan import Plan
 from tuner.report.checkpoint import load
+from tuner.report.metric_text import fmt_metric, metric_digits
 from tuner.search.noise import Acceptance, Baseline, measure_baseline
 from tuner.workspace.keeper import ModelKeeper
 from tuner.workspace.modelref import resolve_model_ref
@@ -77,11 +78,8 @@ class CheckResult:
 
     def verdict(self) -> str:
         """One line: `check: PASS 0.9852 >= target 0.9753 (baseline 0.9852, tolerance 1%)`."""
-        digits = 4
-        while digits < 12 and f"{self.metric:.{digits}g}" == f"{self.target:.{digits}g}" and \
-                self.metric != self.target:
-            digits += 2
-        m, t, b = (f"{v:.{digits}g}" for v in (self.metric, self.target, self.baseline))
+        digits = metric_digits(self.baseline, self.target, [self.metric])
+        m, t, b = (fmt_metric(v, digits) for v in (self.metric, self.target, self.baseline))
         clearance = self.target - self.metric if self.lower_is_better else self.metric - self.target
         if not math.isfinite(self.metric):
             op = "vs"

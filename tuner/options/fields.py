@@ -195,8 +195,18 @@ class Options:
 
     Raises ConfigError listing every problem; each names its key (`fields`).
     Valid values are normalised (strings stripped, choices lower case,
-    module overrides as a tuple of 'PATH=DTYPE').
+    module overrides as a tuple of 'PATH=DTYPE'). Options are given by name
+    only: a positional one is a TypeError that says so (`TuneOptions("bf16",
+    0.01)` would otherwise give 0.01 to the second field).
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if args:
+            names = [f.name for f in dataclasses.fields(cls)]
+            given = ", ".join(map(repr, args))
+            raise TypeError(f"{cls.__name__} takes its options by name, not by position: found {given}; write "
+                            f"e.g. {cls.__name__}({names[0]}={args[0]!r}); its options: {', '.join(names)}")
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         problems: list[tuple[str, str]] = []

@@ -7,7 +7,6 @@ overrides (module path + op name + call index -> dtype).
 """
 from __future__ import annotations
 
-import datetime as _dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -259,8 +258,8 @@ class Plan:
         return data
 
     def save(self, path: str | Path, *, header: str = "") -> None:
-        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        lines = [f"# mpt precision plan, written {stamp}"]
+        # no time stamp: a plan re-tuned with the same result is byte-identical (report.json has the time)
+        lines = ["# mpt precision plan"]
         lines += [f"# {h}" for h in header.splitlines()] if header else []
         lines.append("# Load with: tuner.autocast(PATH) | mpt inspect MODEL --plan PATH | tuner.load(model, DIR)")
         text = "\n".join(lines) + "\n" + yaml.safe_dump(self.to_dict(), sort_keys=False)

@@ -19,7 +19,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from tuner.core.errors import PlanMismatchError
+from tuner.core.errors import ConfigError, PlanMismatchError
 from tuner.core.fileio import atomic_write
 from tuner.core.fingerprint import sha256_file
 from tuner.core.inputs import ModelInputs
@@ -172,18 +172,45 @@ def _unaliased(t: Tensor, spans: dict[tuple[str, int], list[tuple[int, int]]]) -
     return t
 
 
-def load(model: nn.Module, directory: str | Path, *, engine: str | EngineKind = EngineKind.AUTO) -> nn.Module:
+def load(model: nn.Module, plan: str | Path | Plan, *, engine: str | EngineKind = EngineKind.AUTO) -> nn.Module:
     """Load `mpt tune`'s output into a freshly built FP32 model and attach its plan.
 
+    `plan` is the output folder (its plan.yaml and model.safetensors), a plan
+    .yaml file (the model.safetensors beside it is loaded when the plan records
+    one: `mpt tune` writes that digest; a plan saved with `result.plan.save()`
+    records none) or a `Plan` (attached to the model with its own weights).
     The returned model runs under the plan with no `with` block. Raises
     PlanMismatchError when the plan was made for another model, when the
     checkpoint's sha256 differs from the one plan.yaml records, or when the
     checkpoint does not fit the model; the model is left untouched then.
+    ConfigError when `plan` is no folder, plan file or Plan.
     """
-    directory = Path(directory)
-    plan = Plan.load(directory / PLAN_NAME)
-    check_plan_fits(plan, model)
-    ckpt = directory / CHECKPOINT_NAME
+    loaded, ckpt = _plan_and_checkpoint(plan)
+    check_plan_fits(loaded, model)
+    if ckpt is not None:
+        _load_checkpoint(model, loaded, ckpt)
+    return attach(model, loaded, engine=engine)
+
+
+def _plan_and_checkpoint(source: str | Path | Plan) -> tuple[Plan, Path | None]:
+    """The plan `load` attaches and the checkpoint it loads first (None: the model's own weights)."""
+    if isinstance(source, Plan):
+        return source, None
+    if not isinstance(source, (str, Path)):
+        raise ConfigError(f"tuner.load takes an output folder, a plan .yaml file or a Plan, found "
+                          f"{type(source).__name__}")
+    path = Path(source)
+    if path.is_dir():
+        return Plan.load(path / PLAN_NAME), path / CHECKPOINT_NAME
+    if path.suffix not in (".yaml", ".yml") and not path.is_file():
+        raise ConfigError(f"{path}: no such output folder or plan file")
+    plan = Plan.load(path)
+    return plan, path.parent / CHECKPOINT_NAME if plan.checkpoint_sha256 else None
+
+
+def _load_checkpoint(model: nn.Module, plan: Plan, ckpt: Path) -> None:
+    """The checkpoint's weights into `model`, after checking it is the plan's and fits the model."""
+    directory = ckpt.parent
     if not ckpt.is_file():
         raise PlanMismatchError(f"no {CHECKPOINT_NAME} in {directory}")
     if plan.checkpoint_sha256 and sha256_file(ckpt) != plan.checkpoint_sha256:
@@ -217,4 +244,3 @@ def load(model: nn.Module, directory: str | Path, *, engine: str | EngineKind = 
         for name, b in model.named_buffers():
             if name in tensors:
                 b.copy_(tensors[name].to(b.device, b.dtype))
-    return attach(model, plan, engine=engine)

@@ -21,6 +21,7 @@ def report_dict(result: TuneResult, report: TuneReport) -> dict[str, Any]:
     plan = report.plan
     return {
         "version": REPORT_VERSION,
+        "created": report.created or None,
         "status": result.status.value,
         "stopped": result.stopped.value if result.stopped else None,
         "dtype": plan.dtype,

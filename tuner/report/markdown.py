@@ -5,7 +5,7 @@ from pathlib import Path
 
 from tuner.report.metric_text import fmt_metric
 from tuner.report.outcome import TuneReport
-from tuner.report.verdict import plan_share
+from tuner.report.verdict import plan_share, run_digits
 from tuner.search.results import TuneResult, TuneStatus
 
 
@@ -14,11 +14,12 @@ def report_markdown(result: TuneResult, report: TuneReport, out: Path) -> str:
     dtype = report.plan.dtype
     fp32 = [i.label() for i in report.plan.fp32_instances]
     top = ", ".join(f"`{i}`" for i in fp32[:5]) + (f" and {len(fp32) - 5} more" if len(fp32) > 5 else "")
+    d = run_digits(result, report)
     status = "✅ target met" if result.status is TuneStatus.MET else "❌ target not met"
     lines = [f"### mpt tune: {dtype} — {status}", "",
              "| | |", "|---|---|",
-             f"| baseline → tuned | {fmt_metric(result.baseline)} → {fmt_metric(result.metric)} |",
-             f"| target | {fmt_metric(result.target)} |",
+             f"| baseline → tuned | {fmt_metric(result.baseline, d)} → {fmt_metric(result.metric, d)} |",
+             f"| target | {fmt_metric(result.target, d)} |",
              f"| in {dtype} | {plan_share(report)} |",
              f"| evaluations | {result.evals}" + (f" (chosen: trial {result.chosen})" if result.chosen else "") + " |",
              f"| FP32 op instances | {len(fp32)} of {len(result.candidates)}" + (f": {top}" if fp32 else "") + " |"]

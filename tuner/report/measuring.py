@@ -9,6 +9,7 @@ model as built and is left as it was (no copy is made).
 from __future__ import annotations
 
 import dataclasses
+import datetime as _dt
 import time
 
 from torch import nn
@@ -42,7 +43,8 @@ def measure_report(result: TuneResult, model: nn.Module, *, model_ref: ModelRef 
                    for t in result.trials)
     execution = _execution(model, plan)
     return TuneReport(plan=plan, shares=planned.shares, trials=trials, latency=timing, execution=execution,
-                      warnings=tuple(warnings), lowered=planned.lowered, seconds=time.monotonic() - t0)
+                      warnings=tuple(warnings), lowered=planned.lowered, seconds=time.monotonic() - t0,
+                      created=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
 
 
 def _execution(model: nn.Module, plan: Plan) -> Execution:

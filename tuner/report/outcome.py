@@ -34,7 +34,9 @@ class TuneReport:
     tuned model raised (a warning says why). `warnings` are the result's and
     the measuring step's. `lowered` names the parameters the checkpoint stores
     in the lower dtype. `checkpoint` is None until the writer saved it.
-    `seconds` is the time spent measuring and writing the outputs.
+    `seconds` is the time spent measuring and writing the outputs. `created` is when
+    it was measured (UTC, ISO 8601): report.json states it; plan.yaml carries no time,
+    so a re-tune with the same result rewrites it byte for byte.
     """
 
     plan: Plan
@@ -46,6 +48,7 @@ class TuneReport:
     lowered: Mapping[str, torch.dtype]
     seconds: float = 0.0
     checkpoint: CheckpointInfo | None = None
+    created: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "trials", tuple(self.trials))

@@ -6,6 +6,7 @@ import math
 
 from tuner.report.metric_text import fmt_metric
 from tuner.report.outcome import TuneReport
+from tuner.report.verdict import run_digits
 from tuner.search.results import TuneResult
 
 
@@ -39,6 +40,7 @@ def svg_plot(result: TuneResult, report: TuneReport) -> str:
     x = lambda s: left + s * (w - left - right)  # noqa: E731
     y = lambda m: h - bottom - (m - lo) / (hi - lo) * (h - top - bottom)  # noqa: E731
     ty = y(result.target)
+    d = run_digits(result, report)
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" '
              f'font-size="12" role="img" aria-label="metric against lower-precision FLOP share">',
              f'<rect x="{left}" y="{top}" width="{w - left - right}" height="{h - top - bottom}" fill="#fcfcfc" '
@@ -57,7 +59,7 @@ def svg_plot(result: TuneResult, report: TuneReport) -> str:
               f'<line x1="{left}" x2="{w - right}" y1="{ty:.1f}" y2="{ty:.1f}" stroke="#c00" stroke-dasharray="6,4"/>',
               # at the left, on the side away from the baseline: clear of the plans (right) and the baseline
               f'<text x="{left + 28}" y="{ty + 15 if result.baseline >= result.target else ty - 6:.1f}" '
-              f'fill="#c00">target {fmt_metric(result.target)}</text>']
+              f'fill="#c00">target {fmt_metric(result.target, d)}</text>']
     lower_is_better = bool(result.plan.metrics.get("lower_is_better")) if result.plan.metrics else False
     front = _front([(t.shares.flop_share, m) for t, m in points if t.passed], lower_is_better)
     if len(front) > 1:
@@ -71,7 +73,7 @@ def svg_plot(result: TuneResult, report: TuneReport) -> str:
             parts.append(f'<path d="M{cx:.1f},{cy - 10:.1f} L{cx + 10:.1f},{cy:.1f} L{cx:.1f},{cy + 10:.1f} '
                          f'L{cx - 10:.1f},{cy:.1f} Z" fill="none" stroke="#0550ae" stroke-width="2.5"/>')
         parts.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="5" fill="{color}" fill-opacity="0.8">'
-                     f'<title>trial {t.n}: {html.escape(t.label)}; metric {fmt_metric(metric)}; '
+                     f'<title>trial {t.n}: {html.escape(t.label)}; metric {fmt_metric(metric, d)}; '
                      f'{t.shares.short()}</title></circle>')
         labels.setdefault((round(cx), round(cy)), []).append(t.n)
     for (cx, cy), ns in labels.items():

@@ -6,14 +6,15 @@ import html
 from tuner.report.metric_text import fmt_metric
 from tuner.report.outcome import TuneReport
 from tuner.report.plot import svg_plot
-from tuner.report.verdict import verdict
+from tuner.report.verdict import run_digits, verdict
 from tuner.search.results import Trial, TuneResult
 
 
 def search_page(result: TuneResult, report: TuneReport) -> str:
     """The text of search.html."""
     dtype = html.escape(report.plan.dtype)
-    rows = "\n".join(_row(t, t.n == result.chosen) for t in report.trials)
+    d = run_digits(result, report)
+    rows = "\n".join(_row(t, t.n == result.chosen, d) for t in report.trials)
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>mpt tune: search</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:980px}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left}}tr.chosen{{background:#ddf4ff;font-weight:bold}}</style>
@@ -28,9 +29,9 @@ that met the target.</p>
 {rows}</table></body></html>"""
 
 
-def _row(t: Trial, chosen: bool) -> str:
+def _row(t: Trial, chosen: bool, digits: int) -> str:
     outcome = "baseline" if t.baseline else "pass" if t.passed else "fail"
     mark = ' class="chosen"' if chosen else ""
     return (f"<tr{mark}><td>{t.n}</td><td>{html.escape(t.label)}{' (chosen)' if mark else ''}</td>"
-            f"<td>{fmt_metric(t.metric)}</td><td>{outcome}</td><td>{t.shares.short()}</td>"
+            f"<td>{fmt_metric(t.metric, digits)}</td><td>{outcome}</td><td>{t.shares.short()}</td>"
             f"<td>{t.seconds:.2f}</td><td>{html.escape(t.error or '')}</td></tr>")

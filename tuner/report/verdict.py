@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuner.measure.shares import share_text
-from tuner.report.metric_text import fmt_metric
+from tuner.report.metric_text import fmt_metric, metric_digits
 from tuner.report.outcome import TuneReport
 from tuner.search.results import TuneResult, TuneStatus
 
@@ -35,15 +35,22 @@ def plan_share(report: TuneReport) -> str:
     return share_text(report.shares.flop_share, report.shares.call_share, report.plan.dtype)
 
 
+def run_digits(result: TuneResult, report: TuneReport) -> int:
+    """The significant digits every metric of this run is written with (tuner.report.metric_text)."""
+    return metric_digits(result.baseline, result.target, [result.metric, *(t.metric for t in report.trials)])
+
+
 def verdict(result: TuneResult, report: TuneReport) -> Verdict:
     """Met or not, baseline -> tuned vs target, the share, the FP32 instances, the evaluations."""
     met = result.status is TuneStatus.MET
+    d = run_digits(result, report)
+    base, target = fmt_metric(result.baseline, d), fmt_metric(result.target, d)
     if met:
-        head = (f"target met: baseline {fmt_metric(result.baseline)} -> tuned {fmt_metric(result.metric)} "
-                f"(target {fmt_metric(result.target)}), trial {result.chosen}")
+        head = f"target met: baseline {base} -> tuned {fmt_metric(result.metric, d)} (target {target}), " \
+               f"trial {result.chosen}"
         first: tuple[str, ...] = ()
     else:
-        head = f"target not met: no plan reached {fmt_metric(result.target)} (baseline {fmt_metric(result.baseline)})"
+        head = f"target not met: no plan reached {target} (baseline {base})"
         first = ("the plan is all FP32",)
     details = (*first, plan_share(report),
                f"{len(result.plan.fp32_instances)} of {len(result.candidates)} op instances in FP32",

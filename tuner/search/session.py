@@ -10,6 +10,7 @@ SIGTERM) ends the search and the result keeps the best plan confirmed so far.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -283,7 +284,7 @@ class TuneSession:
 def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Module], Any],
          example_inputs: Callable[[], Any] | Any = None, options: TuneOptions | None = None, *,
          journal: Journal | None = None, on_event: Callable[[TuneEvent], None] | None = None,
-         started: float | None = None) -> TuneResult:
+         started: float | None = None, **option_values: Any) -> TuneResult:
     """Find the op instances that must stay FP32 for `evaluate(model)` to stay within tolerance.
 
     `build` is a function that builds the FP32 model (or the model itself, which
@@ -291,12 +292,33 @@ def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Modu
     evaluate changed it); `evaluate(model)` returns the metric (a number or a
     one-element tensor). A trial whose metric is NaN/inf or whose evaluate
     raises fails and the search moves on; the baseline raising propagates.
+    The search's options are TuneOptions' fields, as keywords
+    (`tune(build, evaluate, dtype="bf16", tolerance=0.005)`) or as `options=TuneOptions(...)`, not both.
     `started` (time.monotonic()) is when the time budget starts; default now.
     Like INC's `autotune(model, config, eval_fn)`.
     """
+    options = _tune_options(options, option_values)
     if isinstance(build, nn.Module):
         template = build
         build = lambda: copy.deepcopy(template)  # noqa: E731
-    session = TuneSession(build, evaluate, example_inputs, options or TuneOptions(), journal=journal,
+    session = TuneSession(build, evaluate, example_inputs, options, journal=journal,
                           on_event=on_event, started=time.monotonic() if started is None else started)
     return session.run()
+
+
+def _tune_options(options: TuneOptions | None, values: Mapping[str, Any]) -> TuneOptions:
+    """`tune()`'s options: `options`, or a TuneOptions made from its keyword options (TypeError for both, for a
+    keyword that is no option, or for `options` that is not a TuneOptions)."""
+    if options is not None and not isinstance(options, TuneOptions):
+        raise TypeError(f"tune(): options must be a TuneOptions, found {type(options).__name__}; or give the "
+                        "options as keywords: tune(build, evaluate, tolerance=0.01)")
+    if not values:
+        return options or TuneOptions()
+    if options is not None:
+        raise TypeError(f"tune(): give options=TuneOptions(...) or keyword options ({', '.join(values)}), not both")
+    names = [f.name for f in dataclasses.fields(TuneOptions)]
+    unknown = [k for k in values if k not in names]
+    if unknown:
+        raise TypeError(f"tune() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; its options: "
+                        f"{', '.join(names)}")
+    return TuneOptions(**values)

@@ -12,6 +12,7 @@ start time for the message a refused run prints. Where `fcntl` is missing
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 from collections.abc import Iterable
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.core.errors import ConfigError, OutputFolderBusy
-from tuner.core.output_files import LOCK_NAME
+from tuner.core.output_files import GITIGNORE_NAME, GITIGNORE_TEXT, LOCK_NAME
 from tuner.workspace.manifest import Manifest
 
 try:
@@ -87,7 +88,8 @@ class OutputFolder:
 
     def _check(self, *, resume: bool, overwrite: bool, outputs: tuple[str, ...]) -> None:
         """Refuse a folder holding files under mpt's names that mpt did not write (whatever the flags), or
-        holding a run without `resume`/`overwrite`; remove the staging folders a killed run left."""
+        holding a run without `resume`/`overwrite`; remove the staging folders a killed run left; write the
+        folder's .gitignore (tuner.core.output_files.NOT_FOR_GIT) unless the user keeps one of their own there."""
         manifest = Manifest(self.path)
         manifest.clean_staging()
         manifest.check_ours(outputs)
@@ -99,6 +101,8 @@ class OutputFolder:
             for n in held:
                 (self.path / n).unlink()
             manifest.forget(*held)
+        with contextlib.suppress(OSError):  # advice for git, not an output: a run does not fail for it
+            manifest.write_own(GITIGNORE_NAME, GITIGNORE_TEXT)
 
     def release(self) -> None:
         if self._fd < 0:

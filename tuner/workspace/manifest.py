@@ -108,6 +108,18 @@ class Manifest:
                 self.files.pop(n, None)
             self._save()
 
+    def write_own(self, name: str, text: str) -> bool:
+        """Write `text` to `name` and record it, unless a file mpt did not write is there (left as it is).
+
+        For mpt's own small files (the folder's .gitignore); True when written.
+        """
+        if not self.owns(name):
+            return False
+        self.writing(name)
+        atomic_write_text(self.folder / name, text)
+        self.wrote({name: sha256_file(self.folder / name)})
+        return True
+
     # --- staging folders ------------------------------------------------------------------------------
     def add_staging(self, name: str) -> None:
         self.staging.append(name)

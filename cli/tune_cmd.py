@@ -42,6 +42,7 @@ class _Renderer:
         self.task: Any = None
         self.status: Any = None
         self.digits = MetricDigits()  # one run's metrics are written with one number of digits
+        self.target_digits = 0  # the digits the target was last shown with (0: not yet shown)
 
     def working(self, message: str) -> None:
         """A spinner on a terminal (replaced by the next line), a plain line when piped."""
@@ -77,8 +78,8 @@ class _Renderer:
             return
         self.stop()
         if event.kind is EventKind.BASELINE:
-            self.digits.set_reference(data.value, data.target)
-            self.out.print(self.baseline_line(data, self.digits.digits), markup=False)
+            self.target_digits = max(6, self.digits.set_reference(data.value, data.target))
+            self.out.print(self.baseline_line(data, self.target_digits), markup=False)
             if self.tty:
                 self.working("finding the op instances that run in lower precision ...")
         elif event.kind is EventKind.CANDIDATES:
@@ -92,8 +93,7 @@ class _Renderer:
         """`baseline 0.9521; target >= 0.942579`, with the noise margin when evaluate is not deterministic."""
         relation = "<=" if b.lower_is_better else ">="
         noise = f" (noise ±{b.spread:.3g}: a trial must clear the target by more)" if b.noisy else ""
-        d = max(6, digits)
-        return f"baseline {fmt_metric(b.value, d)}{noise}; target {relation} {fmt_metric(b.target, d)}"
+        return f"baseline {fmt_metric(b.value, digits)}{noise}; target {relation} {fmt_metric(b.target, digits)}"
 
     def ranking(self, progress: Any) -> None:
         """The method once when piped; a progress bar on a terminal."""
@@ -115,7 +115,11 @@ class _Renderer:
             self.progress.update(self.task, completed=progress.done)
 
     def trial(self, t: Any) -> None:
-        metric = "error" if t.metric is None and not t.baseline else fmt_metric(t.metric, self.digits.add(t.metric))
+        digits = self.digits.add(t.metric)
+        metric = "error" if t.metric is None and not t.baseline else fmt_metric(t.metric, digits)
+        if self.target_digits and digits > self.target_digits:  # it takes more digits to tell from the target
+            self.target_digits = digits
+            metric += f" (target {fmt_metric(self.digits.target, digits)})"
         verdict = "base" if t.baseline else "pass" if t.passed else "FAIL"
         extra = f" ({t.error})" if t.error else ""
         cached = " [journal]" if t.from_journal else ""

@@ -1,7 +1,8 @@
 """One set of numbers: trial lines, the summary, report.json, report.md and search.html agree.
 
 The lower-precision share is defined once (tuner.measure.shares): FLOP share first, call share second. Trials are
-numbered from 1 in the order they ran, the FP32 baseline's two runs being trials 1 and 2, alike everywhere.
+numbered from 1 in the order they ran, the FP32 baseline's two runs being trials 1 and 2, alike everywhere. A run's
+metrics are written with the digits that tell them from its target and baseline (tuner.report.metric_text).
 """
 import json
 import re
@@ -12,7 +13,7 @@ import pytest
 
 from mpt_cli.main import main
 from tuner.core.output_files import COMMITTED, OUTPUT_FILES
-from tuner.report.metric_text import fmt_metric
+from tuner.report.metric_text import fmt_metric, metric_digits
 
 ASSETS = Path(__file__).parents[1] / "assets"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -28,8 +29,18 @@ def trial_lines(stdout: str) -> dict[int, str]:
     return {int(line.split()[1]): line for line in stdout.splitlines() if line.startswith("eval ")}
 
 
+def run_digits(report: dict) -> int:
+    return metric_digits(report["baseline_metric"], report["target"],
+                         [report["final_metric"], *(t["metric"] for t in report["trials"])])
+
+
+def line_metric(line: str) -> str:
+    return line.split("metric", 1)[1].split()[0]
+
+
 def check_agreement(res, out: Path) -> dict:
     report = json.loads((out / "report.json").read_text())
+    d = run_digits(report)
     lines = trial_lines(res.stdout)
     trials = report["trials"]
     # numbered 1.. in the terminal and report.json alike; the baseline runs are trials 1 and 2
@@ -42,7 +53,9 @@ def check_agreement(res, out: Path) -> dict:
         line = lines[t["n"]]
         flop = f"{round(t['low_precision_flop_share'] * 100)}% FLOPs"
         assert flop in line and share.strip() == flop, (line, share, t)
-        assert metric == fmt_metric(t["metric"]) and f"metric {fmt_metric(t['metric']):>8}" in line
+        assert metric == fmt_metric(t["metric"], d)
+        # a trial line has the digits the run had needed by then: as many as the files, or fewer
+        assert line_metric(line) in {fmt_metric(t["metric"], k) for k in range(4, d + 1)}, (line, d)
         assert f"trial {n}:" in page  # every dot in the plot carries its trial number
     # the summary, report.md and search.html state the plan's shares as report.json has them
     shares = (f"{round(report['low_precision_flop_share'] * 100)}% of matmul/conv FLOPs "
@@ -50,7 +63,7 @@ def check_agreement(res, out: Path) -> dict:
     md = (out / "report.md").read_text()
     assert shares in res.stdout and shares in md and shares in page
     for key in ("baseline_metric", "target"):
-        assert fmt_metric(report[key]) in res.stdout and fmt_metric(report[key]) in md
+        assert fmt_metric(report[key], d) in res.stdout and fmt_metric(report[key], d) in md
     assert f"{report['evaluations']} evaluations" in res.stdout
     return report
 
@@ -65,6 +78,7 @@ def test_numbers_agree_when_the_target_is_met(runner, tmp_path):
     assert chosen is not None and "pass" in trial_lines(res.stdout)[chosen]
     line = trial_lines(res.stdout)[chosen]
     assert f"{round(report['low_precision_flop_share'] * 100)}% FLOPs" in line  # the plan's share, on its line
+    assert run_digits(report) == 4 and f"metric {fmt_metric(report['final_metric']):>8}" in line
     assert f"tuned {fmt_metric(report['final_metric'])}" in res.stdout and f"trial {chosen}" in res.stdout
     page = (out / "search.html").read_text()
     assert 'class="chosen"' in page and "chosen plan" in page and "0.9851851851851852" not in page
@@ -81,6 +95,27 @@ def test_numbers_agree_on_a_searched_model(runner, tmp_path):
     assert res.exit_code == 0, res.output
     report = check_agreement(res, out)
     assert report["evaluations"] > 3
+
+
+def test_a_tight_tolerance_shows_the_digits_that_tell_a_miss(runner, tmp_path):
+    """At a target 1e-5 below the baseline, no output rounds a trial onto the target (issue: `FAIL metric 1`,
+    `baseline 1 -> tuned 1 (target 1)`): terminal, summary, report.md and search.html use the same digits."""
+    model = tmp_path / "tight.py"
+    shutil.copy(ASSETS / "tight_model.py", model)
+    out = tmp_path / "out"
+    res = tune(runner, model, out, "--tolerance", "9.9e-6", "--max-evals", "5")
+    report = check_agreement(res, out)
+    d = run_digits(report)
+    assert d > 4
+    target, base = fmt_metric(report["target"], d), fmt_metric(report["baseline_metric"], d)
+    assert target != base and f"target {target}" in (out / "search.html").read_text()
+    assert f"| target | {target} |" in (out / "report.md").read_text()
+    assert f"(target {target})" in res.stdout or f"no plan reached {target}" in res.stdout
+    lines = trial_lines(res.stdout)
+    for t in report["trials"]:
+        if t["metric"] is not None and t["metric"] != report["target"]:
+            shown = line_metric(lines[t["n"]])
+            assert shown != target and float(shown) != float(target), (lines[t["n"]], target)
 
 
 def test_report_md_is_committed_with_the_outputs():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -77,3 +78,18 @@ def test_verdict_is_fields_and_its_sentence(tuned):
     assert str(not_met).startswith("target not met: no plan reached ") and "; the plan is all FP32; " in str(not_met)
     with pytest.raises(ValueError):
         Verdict(met=True, head="", details=())
+
+
+def test_a_re_tune_with_the_same_result_rewrites_plan_yaml_byte_for_byte(tuned, tmp_path):
+    """plan.yaml carries no time (a re-tune's diff shows only what changed); report.json says when."""
+    task, result = tuned
+    texts, created = [], []
+    for out in (tmp_path / "a", tmp_path / "b"):
+        out.mkdir()
+        model = task.build()
+        write_outputs(result, measure_report(result, model, latency=False), out, model=model)
+        texts.append((out / PLAN_NAME).read_bytes())
+        created.append(json.loads((out / "report.json").read_text())["created"])
+    assert texts[0] == texts[1] and texts[0].startswith(b"# mpt precision plan\n")
+    assert not re.search(rb"\d{4}-\d{2}-\d{2}|\d\d:\d\d", texts[0])
+    assert all(re.fullmatch(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z", c) for c in created)

@@ -8,7 +8,6 @@ included, stays as it was. Loading never unpickles anything.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,8 +143,9 @@ def save_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, p
         if name in lowered:
             t = t.to(lowered[name])
         tensors[name] = _unaliased(t.contiguous().cpu(), spans)
-    meta = {"format": "pt", "mpt_plan_dtype": plan.dtype, "mpt_lowered": json.dumps(sorted(lowered))}
-    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
+    # one metadata key: safetensors writes its metadata map in a random order, and the checkpoint's bytes (its
+    # sha256 in plan.yaml) must be the same for the same weights. Which tensors were lowered is their dtype.
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
     return CheckpointInfo(lowered=len(lowered), bytes=Path(path).stat().st_size, fp32_bytes=fp32_bytes)
 
 

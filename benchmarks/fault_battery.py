@@ -830,6 +830,10 @@ def evaluate(model):
              setup=chain(tuned(), remove("m.py"))))
     add(Case("check: --junit in an unwritable place", ["check", f"{T}/out", "--junit", "/proc/mpt-check.xml"], 2, M,
              setup=tuned()))
+    # --- issue 17's classes (benchmarks/fault_cases_issue17.py) -----------------------------------------------------
+    from fault_cases_issue17 import issue17_cases
+
+    C.extend(issue17_cases(sys.modules[__name__]))
     return C
 
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import socket
 import subprocess
+from collections.abc import Callable
 from types import ModuleType
-from typing import Callable
 
 # --- model sources -------------------------------------------------------------------------------------------------
-BUILD_BF16 = "def build_model():\n    torch.manual_seed(0)\n    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval().to(%s)\n"
+BUILD_BF16 = ("def build_model():\n    torch.manual_seed(0)\n"
+              "    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval().to(%s)\n")
 
 # evaluate with the metric in a sibling file (metric.py), imported by the model file
 SIBLING_HEAD = "import metric\n"
@@ -337,7 +338,8 @@ def journal_to_dir(ctx) -> None:
 def mentions(word: str) -> Callable:
     def note(ctx, run) -> str:
         text = run.stdout + run.stderr
-        return f"names {word}: {'yes' if word in text else 'NO'}; {'traceback!' if 'Traceback' in text else 'no traceback'}"
+        tb = "traceback!" if "Traceback" in text else "no traceback"
+        return f"names {word}: {'yes' if word in text else 'NO'}; {tb}"
 
     return note
 
@@ -358,7 +360,8 @@ def issue17_cases(fb: ModuleType) -> list:
     add(Case("i17 out: user's plan.yaml, tune --overwrite", tune(f"{T}/m.py", "--overwrite"), 2,
              {**M, "out/plan.yaml": "mine: 1\n"}, note=intact("out/plan.yaml", "mine: 1\n")))
     add(Case("i17 out: user's report.json beside mpt's run, --resume", tune(f"{T}/m.py", "--resume"), 2, M,
-             setup=chain(tuned(), lambda c: c.write("out/report.json", "{}\n")), note=intact("out/report.json", "{}\n")))
+             setup=chain(tuned(), lambda c: c.write("out/report.json", "{}\n")),
+             note=intact("out/report.json", "{}\n")))
     add(Case("i17 out: user's notes.txt in --out (not an output name)", tune(), 0, {**M, "out/notes.txt": "keep\n"},
              note=intact("out/notes.txt", "keep\n")))
     add(Case("i17 out: stale staging folder listed in the manifest", tune(f"{T}/m.py", "--overwrite"), 0, M,
@@ -394,9 +397,11 @@ def issue17_cases(fb: ModuleType) -> list:
     add(Case("i17 check: evaluate mutates the model under check", ["check", f"{T}/out"], 0, mut, setup=tuned()))
 
     # --- 7. global state -------------------------------------------------------------------------------------------
-    add(Case("i17 state: build_model returns bf16", tune(), 4, {"m.py": model_src(build=BUILD_BF16 % "torch.bfloat16")}))
+    add(Case("i17 state: build_model returns bf16", tune(), 4,
+             {"m.py": model_src(build=BUILD_BF16 % "torch.bfloat16")}))
     add(Case("i17 state: build_model returns fp16", tune(), 4, {"m.py": model_src(build=BUILD_BF16 % "torch.float16")}))
-    add(Case("i17 state: build_model returns float64", tune(), 4, {"m.py": model_src(build=BUILD_BF16 % "torch.float64")}))
+    add(Case("i17 state: build_model returns float64", tune(), 4,
+             {"m.py": model_src(build=BUILD_BF16 % "torch.float64")}))
     add(Case("i17 state: tune inside an open torch.autocast", tune(), 2, M, cmd=[fb.PY, "-c", AUTOCAST_WRAPPER],
              shown="python -c '<with torch.autocast(cpu): mpt_cli.main.main()>'"))
     for what, code in (("default dtype float64", "torch.set_default_dtype(torch.float64)"),
@@ -406,7 +411,8 @@ def issue17_cases(fb: ModuleType) -> list:
         add(Case(f"i17 state: evaluate leaks {what}", tune(), 0, {"m.py": model_src(evaluate=LEAK_EVAL % code)},
                  note=warned("evaluate")))
     add(Case("i17 state: example_inputs leaks default dtype float64", tune(), 0, {"m.py": model_src(
-        inputs="def example_inputs():\n    torch.set_default_dtype(torch.float64)\n    return (_data(2, 1).float(),)\n")},
+        inputs="def example_inputs():\n    torch.set_default_dtype(torch.float64)\n"
+               "    return (_data(2, 1).float(),)\n")},
         note=warned("example_inputs")))
     add(Case("i17 state: default dtype float64 set at import", tune(), (0, 4),
              {"m.py": OK + "\ntorch.set_default_dtype(torch.float64)\n"}))
@@ -420,7 +426,7 @@ def issue17_cases(fb: ModuleType) -> list:
     add(Case("i17 evaluate: metric constant while all-low error is large", tune(), 4,
              {"m.py": model_src(build=fb.BUILD_FRAGILE, data=fb.DATA_FRAGILE, evaluate=CONST_EVAL)}))
 
-    # --- 1/9. trials run what is deployed: containers and odd forwards -------------------------------------------------
+    # --- 1/9. trials run what is deployed: containers and odd forwards -------------------------------------------
     for name, src in (("ModuleList", CONTAINER_MODEL % MODULELIST), ("ModuleDict", CONTAINER_MODEL % MODULEDICT),
                       ("a fresh nn.SiLU per call", FRESH_MODULE_MODEL), ("parametrized weight", PARAMETRIZED_BUILD),
                       ("NamedTuple between modules", NAMEDTUPLE_MODEL),
@@ -443,10 +449,12 @@ def issue17_cases(fb: ModuleType) -> list:
     add(Case("i17 cli: --debug after the command, evaluate raises", tune(f"{T}/m.py", "--debug"), 4,
              {"m.py": model_src(evaluate="def evaluate(model):\n    raise KeyError('labels')\n")},
              note=lambda c, r: "traceback shown" if "Traceback" in r.stderr else "NO traceback with --debug"))
-    add(Case("i17 cli: --module 'nosuch.*=fp32' (inspect)", ["inspect", f"{T}/m.py", "--module", "nosuch.*=fp32"], 2, M))
+    add(Case("i17 cli: --module 'nosuch.*=fp32' (inspect)", ["inspect", f"{T}/m.py", "--module", "nosuch.*=fp32"],
+             2, M))
     add(Case("i17 cli: --module 'nosuch=fp32' (inspect)", ["inspect", f"{T}/m.py", "--module", "nosuch=fp32"], 2, M))
     add(Case("i17 cli: --module 'block.layers.9=fp32' past a ModuleList's end",
-             ["inspect", f"{T}/m.py", "--module", "block.layers.9=fp32"], 2, {"m.py": model_src(build=CONTAINER_MODEL % MODULELIST)}))
+             ["inspect", f"{T}/m.py", "--module", "block.layers.9=fp32"], 2,
+             {"m.py": model_src(build=CONTAINER_MODEL % MODULELIST)}))
     add(Case("i17 cli: --module '0=fp32' (matches: control)", ["inspect", f"{T}/m.py", "--module", "0=fp32"], 0, M))
 
     # --- 8. torchrun misconfiguration -------------------------------------------------------------------------------
@@ -469,7 +477,7 @@ def issue17_cases(fb: ModuleType) -> list:
              {"m.py": model_src(build="def build_model():\n    raise MemoryError()\n")}))
     add(Case("i17 oom: CPU allocator error in forward (inspect)", ["inspect", f"{T}/m.py"], 2, {"m.py": model_src(
         inputs="def example_inputs():\n    return (_data(2, 1),)\n",
-        tail="_F = nn.Sequential.forward\ndef _oom(self, x):\n    raise RuntimeError(\"[enforce fail at alloc_cpu.cpp:117] "
+        tail="def _oom(self, x):\n    raise RuntimeError(\"[enforce fail at alloc_cpu.cpp:117] "
              "DefaultCPUAllocator: can't allocate memory: you tried to allocate 99999999999 bytes\")\n"
              "nn.Sequential.forward = _oom\n")}))
 
@@ -497,6 +505,9 @@ def issue17_cases(fb: ModuleType) -> list:
         inputs="def example_inputs():\n    return (torch.randn(2, 5),)\n")}, note=mentions("example_inputs")))
     add(Case("i17 inputs: example_inputs of int64 dtype (tune)", tune(), 4, {"m.py": model_src(
         inputs="def example_inputs():\n    return (torch.ones(2, 8, dtype=torch.long),)\n")},
+        note=mentions("example_inputs")))
+    add(Case("i17 inputs: example_inputs made under a leaked float64 default dtype", tune(), 4, {"m.py": model_src(
+        inputs="def example_inputs():\n    torch.set_default_dtype(torch.float64)\n    return (torch.randn(2, 8),)\n")},
         note=mentions("example_inputs")))
     add(Case("i17 inputs: example_inputs on the meta device (tune)", tune(), 4, {"m.py": model_src(
         inputs="def example_inputs():\n    return (torch.randn(2, 8, device='meta'),)\n")},

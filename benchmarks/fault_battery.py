@@ -502,6 +502,12 @@ def torn_header(ctx: Ctx) -> None:
                  "fp32_ops.txt"):
         ctx.p(f"out/{name}").unlink(missing_ok=True)
     path.write_bytes(header[: len(header) // 2])  # killed while writing the header
+    # ... which is before mpt recorded the header's digest: its manifest still says "being written"
+    manifest = ctx.p("out/.mpt-manifest.json")
+    if manifest.exists():
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+        data.setdefault("files", {})["journal.jsonl"] = {"sha256": None}
+        manifest.write_text(json.dumps(data), encoding="utf-8")
 
 
 # --- checkpoints / plans ------------------------------------------------------------------------------------------

@@ -408,13 +408,14 @@ def issue17_cases(fb: ModuleType) -> list:
                        ("grad mode off", "torch.set_grad_enabled(False)"),
                        ("an open autocast", "torch.autocast('cpu', dtype=torch.bfloat16).__enter__()"),
                        ("thread count 1", "torch.set_num_threads(1)")):
-        add(Case(f"i17 state: evaluate leaks {what}", tune(), 0, {"m.py": model_src(evaluate=LEAK_EVAL % code)},
+        leak = LEAK_EVAL.replace("@torch.no_grad()\n", "") if "grad" in code else LEAK_EVAL  # no_grad() restores it
+        add(Case(f"i17 state: evaluate leaks {what}", tune(), 0, {"m.py": model_src(evaluate=leak % code)},
                  note=warned("evaluate")))
     add(Case("i17 state: example_inputs leaks default dtype float64", tune(), 0, {"m.py": model_src(
         inputs="def example_inputs():\n    torch.set_default_dtype(torch.float64)\n"
                "    return (_data(2, 1).float(),)\n")},
         note=warned("example_inputs")))
-    add(Case("i17 state: default dtype float64 set at import", tune(), (0, 4),
+    add(Case("i17 state: default dtype float64 set at import", tune(), 4,
              {"m.py": OK + "\ntorch.set_default_dtype(torch.float64)\n"}))
 
     # --- 2. evaluate must exercise what is tuned ----------------------------------------------------------------------
@@ -497,9 +498,9 @@ def issue17_cases(fb: ModuleType) -> list:
              action=after_first_eval(fb, journal_to_dir), note=mentions("journal")))
 
     # --- 8. jit.script and example_inputs ---------------------------------------------------------------------------
-    add(Case("i17 jit: torch.jit.script root", tune(), (0, 2), {"m.py": model_src(build=SCRIPT_ROOT_BUILD)},
+    add(Case("i17 jit: torch.jit.script root", tune(), 2, {"m.py": model_src(build=SCRIPT_ROOT_BUILD)},
              note=mentions("jit")))
-    add(Case("i17 jit: torch.jit.script submodule", tune(), (0, 2), {"m.py": model_src(build=SCRIPT_SUB_BUILD)},
+    add(Case("i17 jit: torch.jit.script submodule", tune(), 2, {"m.py": model_src(build=SCRIPT_SUB_BUILD)},
              note=mentions("jit")))
     add(Case("i17 inputs: example_inputs of the wrong shape (tune)", tune(), 4, {"m.py": model_src(
         inputs="def example_inputs():\n    return (torch.randn(2, 5),)\n")}, note=mentions("example_inputs")))

@@ -502,6 +502,12 @@ def torn_header(ctx: Ctx) -> None:
                  "fp32_ops.txt"):
         ctx.p(f"out/{name}").unlink(missing_ok=True)
     path.write_bytes(header[: len(header) // 2])  # killed while writing the header
+    # ... which is before mpt recorded the header's digest: its manifest still says "being written"
+    manifest = ctx.p("out/.mpt-manifest.json")
+    if manifest.exists():
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+        data.setdefault("files", {})["journal.jsonl"] = {"sha256": None}
+        manifest.write_text(json.dumps(data), encoding="utf-8")
 
 
 # --- checkpoints / plans ------------------------------------------------------------------------------------------
@@ -830,6 +836,10 @@ def evaluate(model):
              setup=chain(tuned(), remove("m.py"))))
     add(Case("check: --junit in an unwritable place", ["check", f"{T}/out", "--junit", "/proc/mpt-check.xml"], 2, M,
              setup=tuned()))
+    # --- issue 17's classes (benchmarks/fault_cases_issue17.py) -----------------------------------------------------
+    from fault_cases_issue17 import issue17_cases
+
+    C.extend(issue17_cases(sys.modules[__name__]))
     return C
 
 

@@ -16,7 +16,7 @@ from mpt_cli import exitcodes
 from mpt_cli.common import exit_code
 from tuner.engine.attach import attached
 from tuner.engine.probe import autocast_failures, with_fp32_modules
-from tuner.core.errors import DeployError
+from tuner.core.errors import DeployError, UserCodeError
 from tuner.core.inputs import ModelInputs
 from tuner.policy.plan import OpInstance, Plan
 
@@ -109,15 +109,16 @@ def test_a_failure_in_the_roots_own_forward_is_a_deploy_error():
     assert attached(model) is None and "forward" not in model.__dict__
 
 
-def test_a_failure_that_is_not_autocasts_is_not_blamed_on_a_module_twice():
+def test_a_failure_that_fp32_has_too_is_the_users_code_not_the_plans():
     class Broken(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             raise ValueError("a bug that FP32 does not fix")
 
     model = nn.Sequential(nn.Linear(8, 8), Broken()).eval()
-    with pytest.raises(DeployError, match="already runs in FP32") as info:
+    with pytest.raises(UserCodeError, match="a bug that FP32 does not fix; it fails in FP32 too") as info:
         autocast_failures(model, (_x(),), PLAN)
-    assert list(info.value.modules) == ["1"]
+    assert "example_inputs()" in str(info.value) and exit_code(info.value) == exitcodes.USER_CODE
+    assert attached(model) is None
 
 
 def test_a_policy_without_a_native_autocast_path_is_not_run():

@@ -75,6 +75,12 @@ class UserModel:
             raise UserCodeError(f"{name} returned a model on the meta device ({meta}): its weights are not "
                                 "materialized; load or initialize them before returning it",
                                 where=_definition_site(self.build_fn))
+        scripted = next((path or "the model itself" for path, m in model.named_modules()
+                         if isinstance(m, torch.jit.ScriptModule)), None)
+        if scripted is not None:
+            raise ConfigError(f"{name} returned a model holding a torch.jit.script module ({scripted}), which mpt "
+                              "cannot tune (no hooks, no autocast inside it): return the eager module, and script "
+                              "the tuned model after tuner.load if you need to")
         return model
 
     def evaluate(self, model: Any) -> float:

@@ -22,8 +22,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from tuner.core.errors import DeployError, exc_line
+from tuner.core.errors import DeployError, UserCodeError, exc_line
 from tuner.core.inputs import ModelInputs
+from tuner.core.loader import call_forward
 from tuner.core.memory import find_out_of_memory, out_of_memory
 from tuner.engine.attach import attach, detach, native_device
 from tuner.policy.plan import Plan
@@ -55,6 +56,8 @@ def autocast_failures(model: nn.Module, inputs: ModelInputs | tuple, plan: Plan,
         if failure is None:
             return found
         path, exc = failure
+        if not found:
+            _check_fp32_runs(model, inputs)
         reason = exc_line(exc, limit=200)
         problem = _unfixable(path, found, max_modules)
         if problem:
@@ -62,6 +65,19 @@ def autocast_failures(model: nn.Module, inputs: ModelInputs | tuple, plan: Plan,
                               f"torch.autocast): {reason}, {problem}", modules=found) from exc
         found[path] = reason
         current = with_fp32_modules(current, [path])
+
+
+def _check_fp32_runs(model: nn.Module, inputs: ModelInputs) -> None:
+    """UserCodeError (exit 4) when the model's plain FP32 forward fails on `inputs` too: then the inputs
+    (example_inputs() of the wrong shape or dtype, made under a leaked default dtype) or the forward are at
+    fault, not the plan or this machine."""
+    try:
+        with torch.no_grad():
+            call_forward(model, inputs)
+    except UserCodeError as exc:
+        raise UserCodeError(f"{exc.args[0]}; it fails in FP32 too, without any plan: check that "
+                            "example_inputs() returns what forward takes (shapes, dtypes, device)",
+                            original=exc.original) from exc
 
 
 def with_fp32_modules(plan: Plan, paths: Iterable[str]) -> Plan:

@@ -20,7 +20,7 @@ from torch import nn
 
 from tuner.core.dtypes import parse_dtype
 from tuner.core.errors import ConfigError, Interrupted, UserCodeError
-from tuner.core.inputs import ModelInputs
+from tuner.core.inputs import ModelInputs, tensor_leaves
 from tuner.core.loader import user_site
 from tuner.core.torch_state import refuse_active_autocast
 from tuner.engine.probe import autocast_failures
@@ -172,7 +172,13 @@ class TuneSession:
         else:
             raise ConfigError("there is no example_inputs() and evaluate never called the model; "
                               "cannot find the op instances to tune")
-        return ModelInputs.of(inputs).to(self.keeper.device)
+        found = ModelInputs.of(inputs)
+        meta = [t for t in tensor_leaves((found.args, dict(found.kwargs))) if t.is_meta]
+        if meta:
+            raise UserCodeError(f"example_inputs() returned {len(meta)} tensor(s) on the meta device (first: shape "
+                                f"{tuple(meta[0].shape)}): they hold no data to run the model on; return real "
+                                "tensors")
+        return found.to(self.keeper.device)
 
     def find_candidates(self, inputs: ModelInputs) -> Candidates:
         """The op instances to decide about (tuner.search.candidates), after the modules that must stay FP32."""

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from tuner.core.errors import ConfigError
+from tuner.core.errors import ConfigError, OutputError
 from tuner.core.fileio import atomic_write
 from tuner.core.fingerprint import sha256_file
 from tuner.core.inputs import ModelInputs
@@ -148,10 +148,19 @@ class Journal:
         return True
 
     def _write_line(self, record: dict[str, Any], *, mode: str = "a") -> None:
-        with open(self.path, mode, encoding="utf-8") as fh:
-            fh.write(json.dumps(record, default=str) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        """Append (or, mode "w", start) the journal; OutputError (exit 2) naming it when it cannot be written:
+        `out` removed or made read-only during the run, the journal replaced by something else."""
+        if mode == "a" and not self.path.is_file():
+            gone = "`out` " + str(self.path.parent) if not self.path.parent.is_dir() else "the journal"
+            raise OutputError(f"cannot write the journal {self.path}: {gone} was removed or replaced during the "
+                              "run; start again (or `resume` once the folder is back)")
+        try:
+            with open(self.path, mode, encoding="utf-8") as fh:
+                fh.write(json.dumps(record, default=str) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            raise OutputError(f"cannot write the journal {self.path}: {exc.strerror or exc}") from None
 
     def get(self, key: str) -> dict[str, Any] | None:
         return self.entries.get(key)

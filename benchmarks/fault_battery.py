@@ -217,14 +217,14 @@ class Ctx:
 @dataclass
 class Case:
     name: str
-    argv: Sequence[str]  # after `python -m cli`; "{T}" is the case's temp folder
+    argv: Sequence[str]  # after `python -m mpt_cli`; "{T}" is the case's temp folder
     expect: int | tuple[int, ...]
     files: dict[str, str | bytes] = field(default_factory=dict)
     setup: Callable[[Ctx], None] | None = None
     env: dict[str, str] = field(default_factory=dict)
     action: Callable[[Ctx, subprocess.Popen], None] | None = None  # runs while the command runs
     note: Callable[[Ctx, Run], str] | None = None  # extra facts for the table, after the command
-    cmd: Sequence[str] | None = None  # a whole command line instead of `python -m cli` (argv still appended)
+    cmd: Sequence[str] | None = None  # a whole command line instead of `python -m mpt_cli` (argv still appended)
     shown: str | None = None  # how to show `cmd` in the table
 
 
@@ -920,7 +920,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"# mpt fault battery\n")
     print(f"{len(rows)} cases in {time.monotonic() - t_all:.0f} s; python {sys.version.split()[0]}, torch "
           f"{torch.__version__}, {os.cpu_count()} CPUs. `$TMP` is each case's fresh temp folder; `mpt` is "
-          f"`python -m cli` run from the repository root.\n")
+          f"`python -m mpt_cli` run from the repository root.\n")
     headers = ["#", "case", "command", "exit", "expected", "seconds", "first stderr line", "note"]
     print("| " + " | ".join(headers) + " |")
     print("|" + "|".join(["---:", "---", "---", "---:", "---:", "---:", "---", "---"]) + "|")

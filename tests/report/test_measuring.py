@@ -10,7 +10,9 @@ import pytest
 from tuner.core.output_files import COMMITTED, MANIFEST_NAME, PLAN_NAME
 from tuner.engine.native import ExecutionPath
 from tuner.policy.plan import Plan
+import tuner.report.measuring as measuring
 from tuner.report.json_report import report_dict
+from tuner.report.latency import judge
 from tuner.report.measuring import measure_report
 from tuner.report.outcome import TuneReport
 from tuner.report.verdict import Verdict, verdict
@@ -77,3 +79,19 @@ def test_verdict_is_fields_and_its_sentence(tuned):
     assert str(not_met).startswith("target not met: no plan reached ") and "; the plan is all FP32; " in str(not_met)
     with pytest.raises(ValueError):
         Verdict(met=True, head="", details=())
+
+
+@pytest.mark.parametrize(("tuned_ms", "warned"), [(1.5, True), (1.01, False), (None, False)])
+def test_the_slower_warning_follows_the_latency_verdict(tuned, monkeypatch, tuned_ms, warned):
+    """Timed samples are synthetic here (the rule is what is tested): a measured slowdown warns; one within
+    noise of FP32, or a timing too noisy to judge (tuned side stalling), does not."""
+    task, result = tuned
+    fp32_s = [1e-3 * (1 + 0.01 * (i % 3)) for i in range(30)]
+    tuned_s = ([tuned_ms * 1e-3 * (1 + 0.01 * (i % 3)) for i in range(30)] if tuned_ms
+               else [(5e-3 if i % 2 else 1e-3) * (1 + 0.1 * i) for i in range(30)])
+    monkeypatch.setattr(measuring, "compare_latency", lambda *a, **k: judge(fp32_s, tuned_s))
+    report = measure_report(result, task.build(), latency=True)
+    assert report.latency is not None
+    assert report.latency.verdict == {1.5: "slower", 1.01: "no measurable difference", None: "too noisy to judge"}[
+        tuned_ms]
+    assert any("ran slower than FP32" in w for w in report.warnings) is warned

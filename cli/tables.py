@@ -69,15 +69,37 @@ def rule_legend(rules: Iterable[Rule]) -> str:
 
 
 def shorten_middle(text: str, width: int, ellipsis: str = ELLIPSIS) -> str:
-    """`text` within `width` characters, its middle replaced by `ellipsis`. The tail keeps two thirds of
-    the room: in a module path it holds the leaf and the nearest layer index (`encod…layers.11.mlp.fc1`)."""
+    """`text` within `width` characters, its middle replaced by `ellipsis`.
+
+    A module path keeps its last components from the nearest layer index on
+    whole (`encoder.layers.3.self_attn` -> `enc…3.self_attn`, never
+    `encod….self_attn`, so rows that differ only by the index stay apart),
+    and its head gets the rest of the room. When even that tail does not fit,
+    or the text has no such tail, the tail keeps two thirds of the room.
+    """
     if len(text) <= width:
         return text
     if width <= len(ellipsis):
         return text[:width]
+    tail = _path_tail(text)
+    room = width - len(ellipsis) - len(tail)
+    if tail and room >= 0:
+        return text[:room] + ellipsis + tail
     room = width - len(ellipsis)
-    tail = room - room // 3
-    return text[:room - tail] + ellipsis + text[len(text) - tail:]
+    tail_room = room - room // 3
+    return text[:room - tail_room] + ellipsis + text[len(text) - tail_room:]
+
+
+def _path_tail(text: str) -> str:
+    """A dotted path's components from the layer index nearest its last named component on
+    (`layers.3.mlp.0` -> `3.mlp.0`); from its last named component when no index comes before it; '' when
+    it is not a dotted path."""
+    parts = text.split(".")
+    if len(parts) < 2:
+        return ""
+    named = max((n for n, p in enumerate(parts) if not p.isdigit()), default=len(parts) - 1)
+    start = max((n for n, p in enumerate(parts[:named]) if p.isdigit()), default=named)
+    return ".".join(parts[start:])
 
 
 def shorten_end(text: str, width: int, ellipsis: str = ELLIPSIS) -> str:

@@ -203,8 +203,10 @@ def test_shorten_middle_keeps_head_and_tail():
     path = "encoder.layer.13.attention.self"
     assert shorten_middle(path, 40) == path
     short = shorten_middle(path, 20)
-    assert len(short) == 20 and short == "encode…ttention.self"  # the tail gets two thirds
-    assert shorten_middle(path, 20, "...") == "encod...tention.self"
+    assert len(short) == 20 and short == "en…13.attention.self"  # the index and what follows it, whole
+    assert shorten_middle(path, 20, "...") == "...13.attention.self"
+    assert shorten_middle(path, 12) == "enc…ion.self"  # no room for the tail: it gets two thirds
+    assert shorten_middle("layers.3.mlp.0", 10) == "la…3.mlp.0"  # a trailing Sequential index is not the index
     assert shorten_middle(path, 1) == "e"
 
 
@@ -228,3 +230,80 @@ def test_every_rule_has_a_short_unique_name_and_a_legend():
     assert len(set(RULE_ABBREV.values())) == len(Rule) and max(map(len, RULE_ABBREV.values())) <= 8
     assert rule_legend([Rule.PASSTHROUGH, Rule.LOWER, Rule.LOWER]) == \
         "rule: lower = lower list; pass = unlisted: passthrough"
+
+
+# --- rows you can tell apart, at 80 and 120 columns -----------------------------------------------------------------
+
+LAYERS = '''
+import torch
+from torch import nn
+
+
+class Layer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.self_attn = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.self_attn(x) + x  # bf16 + fp32: torch promotes, the add runs in fp32
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Module()
+        self.encoder.layers = nn.ModuleList([Layer() for _ in range(3)])
+
+    def forward(self, x):
+        for layer in self.encoder.layers:
+            x = layer(x)
+        return x
+
+
+def build_model():
+    torch.manual_seed(0)
+    return Model()
+
+
+def example_inputs():
+    torch.manual_seed(1)
+    return (torch.randn(2, 8),)
+'''
+
+
+@pytest.fixture
+def layers(tmp_path) -> str:
+    path = tmp_path / "layers_model.py"
+    path.write_text(LAYERS)
+    return str(path)
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_rows_that_differ_by_the_layer_index_stay_apart(runner, monkeypatch, layers, width):
+    monkeypatch.setattr(mpt_cli.render, "is_tty", lambda: True)
+    monkeypatch.setattr(mpt_cli.inspect_cmd, "is_tty", lambda: True)
+    monkeypatch.setattr(mpt_cli.inspect_cmd, "console",
+                        lambda: Console(file=sys.stdout, width=width, highlight=False, color_system=None))
+    lines = _inspect(runner, layers)
+    assert max(len(line) for line in lines) <= width
+    cells = [[c.strip() for c in line.strip("│").split("│")] for line in _body(lines)]
+    linears = [c[0] for c in cells if c[1] == "linear#0"]
+    assert len(linears) == 3 and len(set(linears)) == 3  # three rows, told apart
+    for n, cell in enumerate(linears):
+        assert cell.endswith(f"{n}.self_attn"), cell
+    if width == 80:  # the table is too wide for 80: the path is shortened, keeping the index
+        assert all("…" in cell for cell in linears)
+
+
+def test_a_promoted_add_says_the_dtype_it_ran_in(runner, layers):
+    adds = [r for r in _records(runner, layers) if r["op"] == "add"]
+    assert len(adds) == 3
+    first = adds[0]  # bf16 (the linear's output) + fp32 (the model's input): torch ran it in fp32
+    assert first["input_dtypes"] == ["bf16", "fp32"] and first["output_dtype"] == "fp32"
+    assert first["dtype"] == "fp32" and first["rule"] == Rule.PASSTHROUGH.value
+    assert first["local_error"] == 0.0  # replayed in fp32 on the FP32 run's inputs: it adds nothing itself
+    table = _plain(_inspect(runner, layers))
+    row = next(line.split() for line in table if line.split()[1] == "add#0")
+    assert row[2:5] == ["bf16,fp32", "fp32", "fp32"]
+    summary = _inspect(runner, layers)[-1]
+    assert summary.startswith("torch-cpu bf16: 3/6 op calls (50%)")  # the adds are not counted as bf16

@@ -277,14 +277,15 @@ def test_a_sub_after_a_fragile_linear_is_charged_nothing_for_its_input():
     inputs = ModelInputs.of((torch.randn(32, 16, generator=torch.Generator().manual_seed(1)),))
     cands = _candidates(model, inputs)
     by = {c.label(): c for c in cands}
-    assert {"fragile:linear#0", "(root):sub#0", "(root):add#0"} <= set(by)
+    assert {"fragile:linear#0", "(root):sub#0"} <= set(by)
+    # the first add sums a bf16 relu(linear) and an FP32 layer_norm output: torch computes it in FP32, so the
+    # engine says fp32 and it is no candidate (keeping it in FP32 would change nothing)
+    assert "(root):add#0" not in by
     assert not any(c.op in ("view", "flatten", "relu") for c in cands)
     ref = _ref(model, inputs)
     g = rank_gradient(model, inputs, POLICY, BF16, cands, ref)
     lin, sub = g[by["fragile:linear#0"]], g[by["(root):sub#0"]]
     assert lin > 0.05 and sub * 10 <= lin
-    # the first add sums a bf16 relu(linear) and an FP32 layer_norm output: torch computes it in FP32
-    assert g[by["(root):add#0"]] == 0.0
     # rank_exact measures the end-to-end effect of lowering only that op: the sub then rounds its own input
     e = rank_exact(model, inputs, POLICY, BF16, cands, ref)
     assert e[by["(root):sub#0"]] > 0.1 * e[by["fragile:linear#0"]]

@@ -11,7 +11,9 @@ import pytest
 from tuner.core.output_files import COMMITTED, MANIFEST_NAME, PLAN_NAME
 from tuner.engine.native import ExecutionPath
 from tuner.policy.plan import Plan
+import tuner.report.measuring as measuring
 from tuner.report.json_report import report_dict
+from tuner.report.latency import judge
 from tuner.report.measuring import measure_report
 from tuner.report.outcome import TuneReport
 from tuner.report.verdict import Verdict, verdict
@@ -93,3 +95,19 @@ def test_a_re_tune_with_the_same_result_rewrites_plan_yaml_byte_for_byte(tuned, 
     assert texts[0] == texts[1] and texts[0].startswith(b"# mpt precision plan\n")
     assert not re.search(rb"\d{4}-\d{2}-\d{2}|\d\d:\d\d", texts[0])
     assert all(re.fullmatch(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z", c) for c in created)
+
+
+@pytest.mark.parametrize(("tuned_ms", "warned"), [(1.5, True), (1.01, False), (None, False)])
+def test_the_slower_warning_follows_the_latency_verdict(tuned, monkeypatch, tuned_ms, warned):
+    """Timed samples are synthetic here (the rule is what is tested): a measured slowdown warns; one within
+    noise of FP32, or a timing too noisy to judge (tuned side stalling), does not."""
+    task, result = tuned
+    fp32_s = [1e-3 * (1 + 0.01 * (i % 3)) for i in range(30)]
+    tuned_s = ([tuned_ms * 1e-3 * (1 + 0.01 * (i % 3)) for i in range(30)] if tuned_ms
+               else [(5e-3 if i % 2 else 1e-3) * (1 + 0.1 * i) for i in range(30)])
+    monkeypatch.setattr(measuring, "compare_latency", lambda *a, **k: judge(fp32_s, tuned_s))
+    report = measure_report(result, task.build(), latency=True)
+    assert report.latency is not None
+    assert report.latency.verdict == {1.5: "slower", 1.01: "no measurable difference", None: "too noisy to judge"}[
+        tuned_ms]
+    assert any("ran slower than FP32" in w for w in report.warnings) is warned

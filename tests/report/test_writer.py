@@ -99,7 +99,8 @@ def test_latency_rounds_alternate_fp32_and_tuned_on_the_same_model():
     plan = Plan(dtype="bf16", preset="torch-cpu", fp32_instances=(OpInstance("2", "linear", 0),))
     order: list[str] = []
     model.register_forward_pre_hook(lambda m, a: order.append("T" if "forward" in m.__dict__ else "F"))
-    lat = compare_latency(model, plan, ModelInputs.of((torch.randn(4, 8),)), min_time=0.0, min_rounds=4)
+    lat = compare_latency(model, plan, ModelInputs.of((torch.randn(4, 8),)), min_time=0.0, max_time=0.0,
+                          min_rounds=4)
     assert order == ["F", "T"] * 5  # a warm-up of each, then interleaved rounds
     assert lat.rounds == 4 and lat.speedup == pytest.approx(lat.fp32 / lat.tuned)
     assert attached(model) is None and "forward" not in model.__dict__  # detached again

@@ -339,7 +339,7 @@ class PrecisionEngine(TorchFunctionMode):
         if (self.recorder is not None or self.verbose is not None) and (
                 isinstance(out, (Tensor, list, tuple)) or any(isinstance(a, Tensor) for a in args)):
             decision = self._decision((path, name, index), target, rule, detail, casts, args, kwargs,
-                                      raw_args, raw_kwargs)
+                                      raw_args, raw_kwargs, out)
             out = self._report(decision, func, args, kwargs, out, raw_args, raw_kwargs)
         return out
 
@@ -398,15 +398,14 @@ class PrecisionEngine(TorchFunctionMode):
         return target, rule, detail
 
     def _decision(self, key: InstanceKey, target: torch.dtype | None, rule: Rule, detail: str, casts: int,
-                  args: tuple, kwargs: dict, raw_args: tuple, raw_kwargs: dict) -> Decision:
+                  args: tuple, kwargs: dict, raw_args: tuple, raw_kwargs: dict, out: Any = None) -> Decision:
         """The Decision for a call that ran: a call with nothing castable gets the rule that says why."""
         in_dtypes = tuple(self._float_dtypes(raw_args, raw_kwargs, first_only=False, all_=True))
         if casts == 0 and not rule.forced and not self._float_dtypes(raw_args, raw_kwargs, first_only=True):
             target, rule, detail = None, self._not_castable(raw_args, raw_kwargs), ""
-        compute = target
-        if compute is None:
-            ran = self._float_dtypes(args, kwargs, first_only=True, all_=True)
-            compute = ran[0] if ran else None
+        compute = target if target is not None else _ran_in(rule, kwargs, out,
+                                                              self._float_dtypes(args, kwargs, first_only=False,
+                                                                                 all_=True))
         return Decision(module=key[0], op=key[1], index=key[2], in_dtypes=in_dtypes, compute=compute,
                         rule=rule, casts=casts, detail=detail)
 
@@ -477,6 +476,23 @@ class PrecisionEngine(TorchFunctionMode):
                 total += n
             kwargs = new_kwargs
         return tuple(new_args), kwargs, total
+
+
+def _ran_in(rule: Rule, kwargs: dict, out: Any, floats: list[torch.dtype]) -> torch.dtype | None:
+    """The dtype a call the engine did not cast computed in: `dtype=` when it names a floating dtype, torch's
+    type promotion when the output took the dtype of another of its inputs (`add(bf16, fp32)` ran in
+    fp32), else its first floating-point input's. An in-place or `out=` call writes in the dtype it was
+    handed, so its first input's dtype is kept."""
+    asked = kwargs.get("dtype") if rule is Rule.EXPLICIT_DTYPE else None
+    if isinstance(asked, torch.dtype) and asked.is_floating_point:
+        return asked
+    if not floats:
+        return None
+    items = out if isinstance(out, (list, tuple)) else (out,)
+    first = next((o for o in items if isinstance(o, Tensor)), None)
+    if not rule.mutates and first is not None and first.dtype != floats[0] and first.dtype in floats:
+        return first.dtype
+    return floats[0]
 
 
 # Rules whose target comes from the call's own inputs (widest, or the first one).

@@ -68,6 +68,7 @@ def _latency(model: nn.Module, result: TuneResult, inputs: ModelInputs, device: 
         warnings.append(f"the tuned model raised when run the way tuner.load runs it, so it was not timed: "
                         f"{type(exc).__name__}: {first}")
         return None
+    # the verdict's rule (latency.py): only a slowdown measured clear of 1.0, within the bound, is warned of
     if timing.slower and result.status is TuneStatus.MET:  # not met: the plan is all FP32
         warnings.append(f"the tuned model ran slower than FP32 on {device} ({timing.tuned:.2f} ms vs "
                         f"{timing.fp32:.2f} ms per forward on example_inputs): {result.plan.dtype} does not pay "

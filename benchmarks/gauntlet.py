@@ -379,7 +379,7 @@ def main() -> None:
     ap.add_argument("--split", choices=tuple(SPLIT_BASE), default="dev")
     ap.add_argument("--tasks", type=int, default=40)
     ap.add_argument("--quick", action="store_true", help="8 tasks (about 1-2 min)")
-    ap.add_argument("--oracle-cap", type=int, default=300, help="most evaluations per oracle")
+    ap.add_argument("--oracle-cap", type=int, default=800, help="most evaluations per oracle")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

@@ -8,11 +8,14 @@ a trial reports). Units with no matmul/conv FLOPs cost no share, so they stay FP
 over the units that carry FLOPs:
 
 1. every FLOP unit FP32 (must pass, else no plan exists) and each FLOP unit alone lowered (its measured drop);
-2. order units by measured drop per FLOP (cheapest first) and bisect for the longest passing prefix;
-3. greedy local search until no single change improves the share: lower one more unit (heaviest first),
-   or swap (raise a lowered unit, lower a heavier FP32 one), with an optional evaluation cap.
+2. two orderings (measured drop per FLOP, and measured drop), each bisected for its longest passing prefix;
+3. from each prefix, and from every FLOP unit FP32, greedy local search until no single change improves the share: lower one more unit
+   (heaviest first), or swap (raise a lowered unit, lower a heavier FP32 one). An optional cap bounds the
+   evaluations; the best passing plan seen by any step is the answer.
 
-`start` seeds step 3 with a known passing plan (e.g. mpt's), so the result is at least as good as it.
+`start` adds a known plan (e.g. mpt's) as one more starting point of step 3, so the answer is at least as
+good as it when it passes. Metrics like accuracy are not monotone in the FP32 set, so the answer is the best
+*known* plan (a local optimum over single changes and swaps), not a proven optimum.
 
 Run on one model file: `python benchmarks/oracle.py MODEL.py --dtype bf16 --tolerance 0.01 [--lower-is-better]`
 prints mpt's share, the oracle's, and their ratio.
@@ -103,71 +106,80 @@ class _Budget(Exception):
     pass
 
 
-def _search(lab: Lab, start: frozenset[int] | None, max_evals: int | None) -> tuple[frozenset[int] | None, list[str]]:
-    """The best FP32 set of units found (None: even every FLOP unit FP32 fails)."""
-    notes: list[str] = []
-    n = len(lab.units)
-    heavy = [u for u in range(n) if lab.unit_flops[u] > 0]
-    free = frozenset(u for u in range(n) if lab.unit_flops[u] == 0)
+class _Search:
+    """The oracle's search over the FP32 sets of units; `best` is the best passing set seen (None: none)."""
 
-    def passes(fp32: frozenset[int]) -> bool:
-        if max_evals is not None and lab.evals >= max_evals:
+    def __init__(self, lab: Lab, max_evals: int | None) -> None:
+        self.lab, self.max_evals = lab, max_evals
+        n = len(lab.units)
+        self.heavy = [u for u in range(n) if lab.unit_flops[u] > 0]
+        self.free = frozenset(u for u in range(n) if lab.unit_flops[u] == 0)
+        self.all_fp32 = self.free | frozenset(self.heavy)
+        self.best: frozenset[int] | None = None
+
+    def passes(self, fp32: frozenset[int]) -> bool:
+        idx = frozenset(i for n in fp32 for i in self.lab.units[n])
+        if idx not in self.lab.metrics and self.max_evals is not None and self.lab.evals >= self.max_evals:
             raise _Budget
-        return lab.run(fp32)[0]
+        ok = self.lab.run(fp32)[0]
+        if ok and (self.best is None or self.flops_low(fp32) > self.flops_low(self.best)):
+            self.best = fp32
+        return ok
 
-    def flops_low(fp32: frozenset[int]) -> int:
-        return sum(lab.unit_flops[u] for u in heavy if u not in fp32)
+    def flops_low(self, fp32: frozenset[int]) -> int:
+        return sum(self.lab.unit_flops[u] for u in self.heavy if u not in fp32)
 
-    all_fp32 = free | frozenset(heavy)
-    best: frozenset[int] | None = None
-    try:
-        if not passes(all_fp32):
-            if start is None:
-                return None, ["every FLOP unit in FP32 fails the target"]
-        else:
-            best = all_fp32
-        if start is not None:
-            start_set = frozenset(start) | free
-            if passes(start_set) and (best is None or flops_low(start_set) > flops_low(best)):
-                best = start_set
-        if best is None:
-            return None, notes
-        # 1. each unit's effect alone (the others FP32)
-        drops = {u: lab.run(all_fp32 - {u})[1] for u in heavy}
-        # 2. cheapest damage per FLOP first; bisect for the longest passing prefix
-        order = sorted(heavy, key=lambda u: (max(drops[u], 0.0) / lab.unit_flops[u], -lab.unit_flops[u]))
-        lo, hi = 0, len(order)  # prefix of length lo passes (0 trivially)
+    def prefix(self, order: list[int]) -> frozenset[int]:
+        """Bisection for the longest prefix of `order` that can run low (the rest FP32) and pass."""
+        lo, hi = 0, len(order)  # the prefix of length lo passes (0: every FLOP unit FP32, which passed)
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if passes(all_fp32 - frozenset(order[:mid])):
+            if self.passes(self.all_fp32 - frozenset(order[:mid])):
                 lo = mid
             else:
                 hi = mid - 1
-        prefix = all_fp32 - frozenset(order[:lo])
-        if flops_low(prefix) > flops_low(best):
-            best = prefix
-        # 3. greedy: lower one more / swap until no single change improves the share
-        improved = True
-        while improved:
-            improved = False
-            for u in sorted((u for u in heavy if u in best), key=lambda u: -lab.unit_flops[u]):
-                if passes(best - {u}):
-                    best, improved = best - {u}, True
-            if improved:
-                continue
-            for b in sorted((u for u in heavy if u in best), key=lambda u: -lab.unit_flops[u]):
-                for a in sorted((u for u in heavy if u not in best), key=lambda u: lab.unit_flops[u]):
-                    if lab.unit_flops[a] >= lab.unit_flops[b]:
+        return self.all_fp32 - frozenset(order[:lo])
+
+    def climb(self, fp32: frozenset[int]) -> frozenset[int]:
+        """Greedy from a passing set: lower one more unit (heaviest first), else swap a lowered unit for a
+        heavier FP32 one, until no single change improves the share."""
+        w = self.lab.unit_flops
+        while True:
+            lowered = True
+            while lowered:  # not monotone: a unit that failed before may pass once others moved
+                lowered = False
+                for u in sorted((u for u in self.heavy if u in fp32), key=lambda u: -w[u]):
+                    if self.passes(fp32 - {u}):
+                        fp32, lowered = fp32 - {u}, True
+            swapped = False
+            for b in sorted((u for u in self.heavy if u in fp32), key=lambda u: -w[u]):
+                for a in sorted((u for u in self.heavy if u not in fp32), key=lambda u: w[u]):
+                    if w[a] >= w[b]:
                         break
-                    cand = (best - {b}) | {a}
-                    if passes(cand):
-                        best, improved = cand, True
+                    if self.passes((fp32 - {b}) | {a}):
+                        fp32, swapped = (fp32 - {b}) | {a}, True
                         break
-                if improved:
+                if swapped:
                     break
-    except _Budget:
-        notes.append(f"oracle stopped at its cap of {max_evals} evaluations")
-    return best, notes
+            if not swapped:
+                return fp32
+
+    def run(self, start: frozenset[int] | None) -> list[str]:
+        starts: list[frozenset[int]] = []
+        try:
+            if self.passes(self.all_fp32):
+                drops = {u: self.lab.run(self.all_fp32 - {u})[1] for u in self.heavy}  # each unit alone low
+                w = self.lab.unit_flops
+                by_ratio = sorted(self.heavy, key=lambda u: (max(drops[u], 0.0) / w[u], -w[u]))
+                by_drop = sorted(self.heavy, key=lambda u: (max(drops[u], 0.0), -w[u]))
+                starts += [self.prefix(by_ratio), self.prefix(by_drop), self.all_fp32]
+            if start is not None and self.passes(start | self.free):
+                starts.append(start | self.free)
+            for s in starts:
+                self.climb(s)
+        except _Budget:
+            return [f"oracle stopped at its cap of {self.max_evals} evaluations"]
+        return [] if starts else ["no plan passes: every FLOP unit in FP32 fails the target"]
 
 
 def best_plan(build: Callable[[], Any], evaluate: Callable[[Any], Any], example_inputs: Any,
@@ -182,7 +194,9 @@ def best_plan(build: Callable[[], Any], evaluate: Callable[[Any], Any], example_
         wanted = {c.label() for c in start}
         start_units = frozenset(n for n, u in enumerate(lab.units)
                                 if any(lab.found.instances[i].label() in wanted for i in u))
-    best, notes = _search(lab, start_units, max_evals)
+    search = _Search(lab, max_evals)
+    notes = search.run(start_units)
+    best = search.best
     fp32 = None if best is None else lab.fp32_of(best)
     return OracleResult(share=None if best is None else lab.share(best), fp32=fp32,
                         metric=None if best is None else lab.metric(best), target=lab.accept.target,

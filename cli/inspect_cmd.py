@@ -71,6 +71,7 @@ def inspect_cmd(**values: Any) -> None:
     matmul/conv FLOPs that ran in the lower precision and the casts inserted.
     """
     from tuner.jobs.inspect_run import inspect
+    from tuner.measure.shares import percent
 
     opts = command_options(values)  # tuner.options.commands.InspectOptions
     run = inspect(opts)
@@ -79,8 +80,8 @@ def inspect_cmd(**values: Any) -> None:
         json.dump(run.to_dict(), sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")
         return
-    summary = (f"{s.policy} {s.dtype}: {s.lower_calls}/{s.calls} op calls ({s.lower_call_share:.0%}) and "
-               f"{s.lower_flop_share:.0%} of matmul/conv FLOPs in {s.dtype}; {s.casts} casts inserted; "
+    summary = (f"{s.policy} {s.dtype}: {s.lower_calls}/{s.calls} op calls ({percent(s.lower_call_share)}) and "
+               f"{percent(s.lower_flop_share)} of matmul/conv FLOPs in {s.dtype}; {s.casts} casts inserted; "
                f"output error {fmt_err(s.output_error)}")
     out = console()
     legend = rule_legend(r.rule for r in shown)

@@ -97,11 +97,21 @@ class ShareCounter:
         return Shares(self._calls, self._lower_calls, self._flops, self._lower_flops)
 
 
+def percent(share: float) -> str:
+    """A share as a whole percentage, except that a share short of 1 never reads `100%` and one above 0
+    never reads `0%`: decimals are added until it does not (`99.9%`), and past two it says `>99.99%`."""
+    for decimals in range(3):
+        text = f"{share:.{decimals}%}"
+        if not ((0 < share < 1) and float(text[:-1]) in (0.0, 100.0)):
+            return text
+    return ">99.99%" if share > 0.5 else "<0.01%"
+
+
 def short_text(flop_share: float) -> str:
     """For a trial line or a table cell: ` 62% FLOPs` (the FLOP share alone: see `Shares.without`)."""
-    return f"{flop_share:4.0%} FLOPs"
+    return f"{percent(flop_share):>4} FLOPs"
 
 
 def share_text(flop_share: float, call_share: float, dtype: str) -> str:
     """For a summary: `62% of matmul/conv FLOPs (75% of op calls) in bf16`."""
-    return f"{flop_share:.0%} of matmul/conv FLOPs ({call_share:.0%} of op calls) in {dtype}"
+    return f"{percent(flop_share)} of matmul/conv FLOPs ({percent(call_share)} of op calls) in {dtype}"

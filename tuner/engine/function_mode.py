@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from tuner.core.dtypes import short_name
+from tuner.engine import rnn_inputs
 from tuner.engine.tracker import OUTSIDE, ModuleTracker
 from tuner.policy.modes import InplaceMode
 from tuner.policy.opnames import SKIP, canonical_name, is_inplace, is_python_composite
@@ -269,6 +270,7 @@ class PrecisionEngine(TorchFunctionMode):
             self.tracker.install()  # per thread (tuner.engine.tracker)
         with self._users_lock:
             self._users += 1
+        rnn_inputs.acquire()
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:
@@ -276,6 +278,7 @@ class PrecisionEngine(TorchFunctionMode):
             super().__exit__(*exc)
         finally:
             self.tracker.remove()
+            rnn_inputs.release()
             with self._users_lock:
                 self._users -= 1
                 if self._users == 0:  # another thread still in the engine keeps using the cast copies

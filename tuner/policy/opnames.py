@@ -41,6 +41,12 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "dropout2d": ("feature_dropout",),
     "dropout3d": ("feature_dropout",),
     "conv_transpose1d": ("conv_transpose1d",),
+    # torch.gru/rnn_tanh/rnn_relu run their gate matmuls through `linear` below Python, where torch.autocast
+    # lowers them (on CPU no fused kernel takes them, unlike lstm's mkldnn_rnn_layer): a list's rule for
+    # `linear` is what they get unless it names them.
+    "gru": ("linear",),
+    "rnn_tanh": ("linear",),
+    "rnn_relu": ("linear",),
 }
 
 # Dunder methods keep the seeds' spelling: `__add__` -> `add`, `__iadd__` -> `iadd`.

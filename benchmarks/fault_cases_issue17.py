@@ -464,6 +464,10 @@ def issue17_cases(fb: ModuleType) -> list:
     add(Case("i17 dist: lone rank 1, nothing at MASTER_PORT", tune(), 2, M,
              env={"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1",
                   "MASTER_PORT": str(free_port()), "MPT_DIST_TIMEOUT": "20"}, note=took))
+    add(Case("i17 dist: lone rank 0, no rank 1 ever joins (join timeout 5 s, collectives 1800 s)", tune(), 2, M,
+             env={"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                  "MASTER_PORT": str(free_port()), "MPT_DIST_TIMEOUT": "1800", "MPT_DIST_JOIN_TIMEOUT": "5"},
+             note=took))
 
     # --- 8. out of memory -------------------------------------------------------------------------------------------
     add(Case("i17 oom: MemoryError in the first trial only (retried)", tune(), 0,

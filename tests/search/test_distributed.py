@@ -339,3 +339,20 @@ def test_shared_journal_needs_the_journal_on_rank_0_only(tmp_path):
     shared = SharedJournal(journal, ranks)
     shared.append("k", {"metric": 1.0, "seconds": 0.1})
     assert shared.get("k")["metric"] == 1.0 and shared.get("missing") is None
+
+
+def test_a_lone_rank_0_ends_within_the_join_timeout(tmp_path):
+    """Rank 0 started by hand with WORLD_SIZE=2 and nobody else: exit 2 with one mpt line after
+    MPT_DIST_JOIN_TIMEOUT, not after MPT_DIST_TIMEOUT (the collectives' timeout, 1800 s here)."""
+    start = time.monotonic()
+    env = base_env(WORLD_SIZE="2", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    res = subprocess.run([sys.executable, "-m", "mpt_cli", "tune", MODEL, "--out", str(tmp_path / "out"),
+                          "--no-latency"], cwd=ROOT, env={**env, "MPT_DIST_TIMEOUT": "1800",
+                                                          "MPT_DIST_JOIN_TIMEOUT": "3"},
+                         capture_output=True, text=True, timeout=BOUND)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mpt: error: rank 0 of 2: the other ranks did not join within 3 s")
+    assert "torchrun --nproc-per-node 2" in lines[0] and "frame #" not in res.stderr
+    assert time.monotonic() - start < 60
+    assert not (tmp_path / "out").exists()

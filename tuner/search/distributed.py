@@ -59,6 +59,8 @@ ACK_SECONDS = 5.0  # how long a failing rank waits for the others to see its fai
 METRIC_RTOL = 1e-6  # ranks agree on a metric when their values are this close (relative)
 _LOST_POLLS = 5  # store errors in a row before a watchdog gives rank 0 up for lost
 JOIN_PROBE_SECONDS = 10.0  # how long a rank > 0 waits for anything to listen at MASTER_ADDR:MASTER_PORT
+JOIN_TIMEOUT_ENV = "MPT_DIST_JOIN_TIMEOUT"
+DEFAULT_JOIN_TIMEOUT = 60.0  # seconds every rank has to start and join, before any collective
 
 _ABORT_KEY, _COUNT_KEY, _ACKS_KEY = "abort", "abort_count", "abort_acks"
 
@@ -355,7 +357,10 @@ def _join(rank: int, size: int, device: str, seconds: float) -> tuple[Any, tuple
     group = None
     try:
         if not dist.is_initialized():
-            dist.init_process_group("cpu:gloo,cuda:nccl" if device == "cuda" else "gloo", timeout=wait)
+            store = _rendezvous(rank, size, min(seconds, env_join_timeout()))
+            store.set_timeout(wait)
+            dist.init_process_group("cpu:gloo,cuda:nccl" if device == "cuda" else "gloo", timeout=wait,
+                                    store=dist.PrefixStore("default_pg", store), rank=rank, world_size=size)
             owns.append("default")
         if dist.get_backend() != "gloo":
             group = dist.new_group(backend="gloo", timeout=wait)
@@ -368,6 +373,48 @@ def _join(rank: int, size: int, device: str, seconds: float) -> tuple[Any, tuple
         raise ConfigError(f"the process group is rank {dist.get_rank()} of {dist.get_world_size()}, "
                           f"but RANK={rank} and WORLD_SIZE={size}")
     return group, tuple(owns)
+
+
+def env_join_timeout() -> float:
+    """Seconds the ranks have to find each other: MPT_DIST_JOIN_TIMEOUT, default 60."""
+    value = os.environ.get(JOIN_TIMEOUT_ENV, "").strip()
+    try:
+        seconds = float(value) if value else DEFAULT_JOIN_TIMEOUT
+    except ValueError:
+        seconds = -1.0
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(f"{JOIN_TIMEOUT_ENV}={value!r}: expected seconds > 0")
+    return seconds
+
+
+def _rendezvous(rank: int, size: int, seconds: float) -> Any:
+    """The store every rank meets at, once all `size` ranks have arrived; ConfigError after `seconds`.
+
+    A group's join timeout is also its collectives' timeout (one `evaluate` may take many minutes), so
+    the join is bounded here, on the store, before the group exists: a rank started alone (RANK=0 and
+    WORLD_SIZE=2 by hand, or a rank that never came up) is exit 2 within `seconds`, not after
+    MPT_DIST_TIMEOUT.
+    """
+    import torch.distributed as dist
+
+    why = ""
+    try:
+        store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=size,
+                                           timeout=_dt.timedelta(seconds=seconds)))
+        store.set_timeout(_dt.timedelta(seconds=seconds))
+        key = f"mpt/joined/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        arrived, deadline = store.add(key, 1), time.monotonic() + seconds
+        while arrived < size and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+            arrived = store.add(key, 0)
+        if arrived >= size:
+            return store
+        why = f"{arrived} of {size} ranks arrived"
+    except (RuntimeError, ValueError) as exc:
+        why = exc_line(exc, limit=160)
+    raise ConfigError(f"rank {rank} of {size}: the other ranks did not join within {seconds:g} s "
+                      f"({JOIN_TIMEOUT_ENV}; {why}): start every rank with "
+                      f"`torchrun --nproc-per-node {size} --no-python mpt ...`")
 
 
 def _probe_master(rank: int, size: int, seconds: float) -> None:

@@ -382,7 +382,7 @@ def _scoped_forward(model: nn.Module, pol: Policy, device: NativeDevice, lower: 
             if root_scoped:
                 with _engine_on(eng, model, args):
                     return original(*args, **kwargs)
-            with torch.autocast(device.value, dtype=lower):
+            with native.low_autocast(device.value, lower):
                 return original(*args, **kwargs)
         finally:
             local.depth -= 1

@@ -448,7 +448,7 @@ class PrecisionEngine(TorchFunctionMode):
 
     def _cast_one(self, t: Any, target: torch.dtype) -> tuple[Any, int]:
         if isinstance(t, Tensor) and t.dtype != target and self._eligible(t):
-            if t.is_leaf and (t.requires_grad or isinstance(t, nn.Parameter)):
+            if t.is_leaf and t.requires_grad and torch.is_grad_enabled():  # (inference: no second copy kept)
                 return self.cache.get(t, target), 1
             return t.to(target), 1
         return t, 0

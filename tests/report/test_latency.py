@@ -108,3 +108,27 @@ def test_compare_latency_pins_the_thread_count_for_both_sides_and_has_the_struct
     assert lat.threads == 2 and lat.rounds >= 6 and lat.verdict in (FASTER, SLOWER, SAME, NOISY)
     assert lat.speedup_low is not None and lat.speedup_high is not None and lat.speedup_low <= lat.speedup_high
     assert lat.to_dict()["verdict"] == lat.verdict and lat.seconds > 0
+
+
+class _Slow(nn.Module):
+    """A forward that takes at least `seconds` (sleeps), so the budget rule is met whatever the machine."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.lin, self.seconds = nn.Linear(4, 4), seconds
+
+    def forward(self, x):
+        import time
+        time.sleep(self.seconds)
+        return self.lin(x)
+
+
+def test_a_forward_too_long_for_the_budget_is_not_timed_after_one_call():
+    from tuner.report.latency import MIN_FORWARDS, TooSlowToTime
+
+    calls = []
+    model = _Slow(0.05)
+    model.register_forward_pre_hook(lambda *a: calls.append(1))
+    with pytest.raises(TooSlowToTime) as info:
+        compare_latency(model, Plan(dtype="bf16", preset="torch-cpu"), (torch.randn(2, 4),), budget=0.05 * 2)
+    assert len(calls) == 1 and info.value.forward_s >= 0.05 and f"the {MIN_FORWARDS} forwards" in str(info.value)

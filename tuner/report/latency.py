@@ -122,9 +122,21 @@ def judge(fp32_s: Sequence[float], tuned_s: Sequence[float], *, threads: int = 1
                    speedup_low=low, speedup_high=high, threads=threads, bound=bound, seconds=seconds)
 
 
+class TooSlowToTime(Exception):
+    """One forward takes too long for the rounds a verdict needs to fit the timing budget."""
+
+    def __init__(self, forward_s: float, budget_s: float) -> None:
+        super().__init__(f"one FP32 forward on the example inputs takes {forward_s:.2f} s, so the {MIN_FORWARDS} "
+                         f"forwards a verdict needs would take longer than the {budget_s:.1f} s budget")
+        self.forward_s, self.budget_s = forward_s, budget_s
+
+
+MIN_FORWARDS = 8  # the warm-up of each side and 3 rounds of both: fewer cannot give a verdict
+
+
 def compare_latency(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, *, device: str = "cpu",
                     min_time: float = 0.6, max_time: float = 3.0, min_rounds: int = 5, max_rounds: int = 100_000,
-                    bound: float = BOUND) -> Latency:
+                    bound: float = BOUND, budget: float | None = None) -> Latency:
     """Milliseconds per forward of `model` in FP32 and with `plan` attached (`tuner.attach`, as `tuner.load`).
 
     One model, no copy: each round times one FP32 call and then one call with
@@ -134,11 +146,14 @@ def compare_latency(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, *
     again before each call should the model change it. Rounds go on for at
     least `min_time` seconds and `min_rounds`, then until the speedup's
     interval is within `bound` or `max_time` seconds have passed (or
-    `max_rounds`); `judge` gives the verdict. The attached model casts its
+    `max_rounds`); `judge` gives the verdict. `budget` (seconds) replaces `max_time`, and then a forward
+    too long for it raises TooSlowToTime after the FP32 warm-up alone: MIN_FORWARDS forwards of that length
+    would not fit (a large model, whose timing would cost a sizeable share of the tune). The attached model casts its
     FP32 weights on every call, where the loaded checkpoint already stores
     them lowered: `tuned` errs on the slow side (report.json: `tuned_weights: "cast per call"`).
     """
     inputs = ModelInputs.of(inputs)
+    max_time = max_time if budget is None else budget
     plain = dataclasses.replace(plan, model=None)  # the same model: no structure check per round
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else None
     threads = torch.get_num_threads()
@@ -163,7 +178,9 @@ def compare_latency(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, *
     tuned_s: list[float] = []
     try:
         with torch.no_grad():
-            timed()  # warm-up of each
+            warm = timed()  # warm-up of each
+            if budget is not None and warm * MIN_FORWARDS > budget:
+                raise TooSlowToTime(warm, budget)
             tuned()
             start = time.perf_counter()
             check = min_rounds  # the interval is looked at after 20% more rounds each time: no O(n^2) sorting

@@ -19,7 +19,7 @@ from tuner.engine.attach import attach, attached, detach
 from tuner.engine.native import Execution
 from tuner.policy.plan import ModelRef, Plan
 from tuner.report.checkpoint import plan_pass, verify_plan_pass
-from tuner.report.latency import Latency, compare_latency
+from tuner.report.latency import Latency, TooSlowToTime, compare_latency
 from tuner.report.outcome import TuneReport
 from tuner.search.results import TuneResult, TuneStatus
 
@@ -58,11 +58,20 @@ def _execution(model: nn.Module, plan: Plan) -> Execution:
     return ex
 
 
+LATENCY_SECONDS = 3.0  # the timing's budget: this many seconds, or LATENCY_SHARE of the evaluations' time
+LATENCY_SHARE = 0.05
+
+
 def _latency(model: nn.Module, result: TuneResult, inputs: ModelInputs, device: str,
              warnings: list[str]) -> Latency | None:
     """compare_latency for the report, and the warnings it calls for (None when the tuned model raised)."""
+    budget = max(LATENCY_SECONDS, LATENCY_SHARE * result.eval_seconds)
     try:
-        timing = compare_latency(model, result.plan, inputs, device=device)
+        timing = compare_latency(model, result.plan, inputs, device=device, budget=budget)
+    except TooSlowToTime as slow:
+        warnings.append(f"the tuned model was not timed: {slow} (at most {LATENCY_SHARE:.0%} of the time spent "
+                        f"in evaluate, or {LATENCY_SECONDS:g} s); time it on your own data, or pass --no-latency")
+        return None
     except Exception as exc:  # noqa: BLE001 - the outputs are still worth writing; say why there is no timing
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         warnings.append(f"the tuned model raised when run the way tuner.load runs it, so it was not timed: "

@@ -52,14 +52,21 @@ def child(argv: list[str]) -> int:
 
     spent: dict[str, float] = {}
     stack: list[list[float]] = []
+    peaks: dict[str, float] = {}  # phase -> the peak RSS (GiB) this process had reached when it first rose in it
+
+    def rss() -> float:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
     def timed(name, fn):
         @functools.wraps(fn)
         def wrapper(*a, **k):
             stack.append([time.monotonic(), 0.0])
+            before = rss()
             try:
                 return fn(*a, **k)
             finally:
+                if rss() > before:
+                    peaks[name] = max(peaks.get(name, 0.0), rss())
                 start, nested = stack.pop()
                 took = time.monotonic() - start
                 spent[name] = spent.get(name, 0.0) + took - nested
@@ -102,7 +109,7 @@ def child(argv: list[str]) -> int:
         code = 0
     except SystemExit as exc:
         code = int(exc.code or 0)
-    Path(os.environ["MPT_SCALE_PHASES"]).write_text(json.dumps(spent))
+    Path(os.environ["MPT_SCALE_PHASES"]).write_text(json.dumps({"seconds": spent, "peaks": peaks}))
     return code
 
 
@@ -146,7 +153,7 @@ def one_depth(layers: int, args: argparse.Namespace, work: Path) -> dict:
             "build": user["build"], "own": own, "own_share": own / wall, "rss": rss, "ref_rss": ref_rss,
             "ref_eval": user_seconds(ref_times)["evaluate"], "evals": user["evaluations"],
             "candidates": report.get("candidates"), "share": report.get("low_precision_flop_share"),
-            "phases": json.loads(phases.read_text()) if phases.exists() else {}}
+            **(json.loads(phases.read_text()) if phases.exists() else {"seconds": {}, "peaks": {}})}
 
 
 def params(layers: int, a: argparse.Namespace) -> float:
@@ -180,14 +187,16 @@ def main() -> int:
                          pass_fail(good_own), f"{r['rss']:.2f}", f"{r['ref_rss']:.2f}",
                          f"{r['rss'] / r['ref_rss']:.2f}x", pass_fail(good_rss), r["evals"], r["candidates"],
                          "-" if r["share"] is None else f"{100 * r['share']:.1f}%"])
-            for name, secs in sorted(r["phases"].items(), key=lambda kv: -kv[1]):
-                phase_rows.append([layers, name, f"{secs:.1f}", f"{100 * secs / r['wall']:.1f}%"])
+            for name, secs in sorted(r["seconds"].items(), key=lambda kv: -kv[1]):
+                peak = r["peaks"].get(name)
+                phase_rows.append([layers, name, f"{secs:.1f}", f"{100 * secs / r['wall']:.1f}%",
+                                   "-" if peak is None else f"{peak:.2f}"])
             print(f"layers {layers}: done in {r['wall']:.0f} s", file=sys.stderr)
     print(table(["layers", "params (B)", "exit", "tune s", "in evaluate s", "in build s", "mpt own s", "own share",
                  f"<= {OWN_TARGET:.0%}", "peak RSS GiB", "FP32 eval RSS GiB", "ratio", f"<= {RSS_TARGET}x",
                  "evaluations", "candidates", "bf16 FLOP share"], rows))
     print("\nmpt's own time by phase (exclusive; the rest is process start, imports, the search itself):\n")
-    print(table(["layers", "phase", "seconds", "of the tune"], phase_rows))
+    print(table(["layers", "phase", "seconds", "of the tune", "peak RSS rose to (GiB)"], phase_rows))
     print(f"\n**{'all targets met' if ok else 'some targets FAIL'}**")
     return 0 if ok else 1
 

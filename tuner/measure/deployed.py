@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_leaves
 from tuner.core.inputs import ModelInputs
 from tuner.engine.attach import attach, detach
 from tuner.engine.tracker import ModuleTracker
+from tuner.measure.packed import pack
 from tuner.policy.plan import Plan
 
 # ATen ops that multiply matrices or convolve (the work whose precision a plan decides), fused ones included.
@@ -159,16 +160,28 @@ def weight_dtypes(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> 
 @contextlib.contextmanager
 def stored_as(model: nn.Module, dtypes: Mapping[str, torch.dtype]) -> Iterator[nn.Module]:
     """`model` with the named parameters held in the given dtypes (as `tuner.load` builds it from the
-    checkpoint), their FP32 tensors put back when the block ends."""
+    checkpoint), their FP32 tensors put back when the block ends.
+
+    A bf16 parameter is packed into its own storage where it can be (`tuner.measure.packed`: no second
+    copy, the FP32 bits rebuilt exactly afterwards); any other is held lowered in a new tensor, its FP32
+    tensor kept aside."""
     kept: dict[str, Tensor] = {}
+    undo: list[Callable[[], None]] = []
     try:
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if name in dtypes and p.dtype != dtypes[name]:
+                    packed = pack(p, dtypes[name])
+                    if packed is not None:
+                        undo.append(packed)
+                        continue
                     kept[name] = p.data
                     p.data = p.data.to(dtypes[name])
         yield model
     finally:
+        with torch.no_grad():
+            for restore in reversed(undo):
+                restore()
         for name, p in model.named_parameters():
             if name in kept:
                 p.data = kept.pop(name)
@@ -187,24 +200,3 @@ def verify(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, lowered: M
         raise NotAsClaimed("the deployed model does not run what the plan claims (an mpt bug): "
                            + "; ".join(problems[:5]))
     return seen
-
-
-def same_output(expected: Any, got: Any, what: str) -> None:
-    """NotAsClaimed unless `got` is `expected` bit for bit (tensors in the same nesting)."""
-    different = _first_difference(expected, got)
-    if different:
-        raise NotAsClaimed(f"{what} does not reproduce the tuned model's output bit for bit (an mpt bug): "
-                           f"{different}")
-
-
-def _first_difference(a: Any, b: Any) -> str:
-    left, right = tree_leaves(a), tree_leaves(b)
-    if len(left) != len(right):
-        return f"{len(left)} outputs, then {len(right)}"
-    for i, (x, y) in enumerate(zip(left, right, strict=True)):
-        if isinstance(x, Tensor) and isinstance(y, Tensor):
-            same = x.dtype == y.dtype and x.shape == y.shape and bool(torch.equal(x, y) or (
-                x.is_floating_point() and torch.equal(torch.nan_to_num(x), torch.nan_to_num(y))))
-            if not same:
-                return f"output {i} differs ({x.dtype} {tuple(x.shape)} vs {y.dtype} {tuple(y.shape)})"
-    return ""

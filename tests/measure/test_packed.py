@@ -42,7 +42,14 @@ def test_pack_refuses_what_it_cannot_do_safely():
     assert pack(p, torch.bfloat16) is None and p.dtype == torch.float32
     del view
     assert pack(nn.Parameter(torch.randn(8)), torch.float16) is None  # fp16 is not FP32's top half
-    assert pack(nn.Parameter(torch.tensor([1.0, float("inf")])), torch.bfloat16) is None
+    nan = nn.Parameter(torch.tensor([1.0, float("nan")]))  # bf16 makes every NaN one NaN: its residual is lost
+    assert pack(nan, torch.bfloat16) is None and nan.dtype == torch.float32
+    inf = nn.Parameter(torch.tensor([1.0, float("inf"), 3.4e38]))  # 3.4e38 rounds up to inf: residual in range
+    ref = inf.data.clone()
+    undo = pack(inf, torch.bfloat16)
+    assert undo is not None and torch.isinf(inf.data).tolist() == [False, True, True]
+    undo()
+    assert torch.equal(inf.data.view(torch.int32), ref.view(torch.int32))
     assert pack(nn.Parameter(torch.randn(8, 8)[:, :4]), torch.bfloat16) is None  # not its whole storage
 
 

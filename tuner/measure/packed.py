@@ -10,14 +10,15 @@ fp16 plan keeps the FP32 tensor aside). The one residual int16 cannot hold (+2**
 rounded down) is listed apart. Undoing it rebuilds the exact FP32 bits in place; the parameter keeps its
 address, shape and version counter, so the keeper sees the model as built.
 
-Only where that is safe: a contiguous FP32 tensor that owns its whole storage, alone (no other tensor, view,
-parameter or buffer shares it: those would read the packed bytes), with finite values; anything else is left
-to the caller (`pack` returns None).
+Only where that is safe: a contiguous FP32 CPU tensor that owns its whole storage, alone (no other tensor,
+view, parameter or buffer shares it: those would read the packed bytes), every residual in range (NaN
+payloads may not be); anything else is left to the caller (`pack` returns None).
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -43,57 +44,67 @@ def pack(p: nn.Parameter, dtype: torch.dtype) -> Callable[[], None] | None:
         return None
     t = p.data
     n = t.numel()
-    if (dtype != torch.bfloat16 or t.dtype != torch.float32 or t.device.type != "cpu"
-            or n == 0 or not t.is_contiguous() or t.storage_offset() != 0
-            or t.untyped_storage().nbytes() != 4 * n or not bool(torch.isfinite(t).all())):
+    if (dtype != torch.bfloat16 or t.dtype != torch.float32 or t.device.type != "cpu" or n == 0
+            or not t.is_contiguous() or t.storage_offset() != 0 or t.untyped_storage().nbytes() != 4 * n):
         return None
     storage, shape = t.untyped_storage(), t.shape
-    bits = t.reshape(-1).view(torch.int32)
-    residual = torch.empty(n, dtype=torch.int16)
-    ties: list[Tensor] = []
-    low = _view(storage, torch.int16, 0, n)  # int16 view of the first half: where the low values go
+    bits = t.reshape(-1).view(torch.int32).numpy()  # integer work in numpy, into buffers made once: fresh
+    residual = np.empty(n, dtype=np.int16)         # large temporaries cost more in page faults than in math
+    low = _view(storage, torch.int16, 0, n).numpy()  # the first half of the storage: where the low values go
+    wide, rest = np.empty(min(n, _CHUNK), np.int32), np.empty(min(n, _CHUNK), np.int32)
+    ties: list[np.ndarray] = []
     for start in range(0, n, _CHUNK):
         chunk = bits[start:start + _CHUNK]
-        rounded = chunk.view(torch.float32).to(dtype).view(torch.int16)
-        rest = chunk - (rounded.to(torch.int32) << 16)
-        if bool((rest.abs() > _TIE).any()):  # cannot happen with round-to-nearest; refuse rather than lose bits
+        m = chunk.size
+        rounded = torch.from_numpy(chunk).view(torch.float32).to(dtype).view(torch.int16).numpy()
+        wide[:m] = rounded
+        np.left_shift(wide[:m], 16, out=wide[:m])
+        np.subtract(chunk, wide[:m], out=rest[:m])
+        lo, hi = int(rest[:m].min()), int(rest[:m].max())
+        if lo < -_TIE or hi > _TIE:  # round-to-nearest never gives it (NaN payloads may): keep every bit
             _abandon(storage, residual, low, ties, start, n)
             return None
-        ties.append(torch.nonzero(rest == _TIE).reshape(-1) + start)
-        residual[start:start + chunk.numel()] = rest.clamp(-_TIE, _TIE - 1).to(torch.int16)
-        low[start:start + chunk.numel()] = rounded  # overwrites FP32 elements already read (module docstring)
-    _view(storage, torch.int16, n, n).copy_(residual)
+        if hi == _TIE:
+            ties.append(np.flatnonzero(rest[:m] == _TIE) + start)
+        residual[start:start + m] = rest[:m]  # +2**15 wraps to -2**15: listed in `ties`
+        low[start:start + m] = rounded  # overwrites FP32 elements already read (module docstring)
+    _view(storage, torch.int16, n, n).numpy()[:] = residual
     del residual
     p.data = _view(storage, dtype, 0, n).view(shape)
-    tied = torch.cat(ties) if ties else torch.empty(0, dtype=torch.long)
+    tied = np.concatenate(ties) if ties else np.empty(0, dtype=np.int64)
     return lambda: _unpack(p, storage, n, shape, tied)
 
 
-def _abandon(storage: torch.UntypedStorage, residual: Tensor, low: Tensor, ties: list[Tensor], done: int,
-             n: int) -> None:
+def _abandon(storage: torch.UntypedStorage, residual: np.ndarray, low: np.ndarray, ties: list[np.ndarray],
+             done: int, n: int) -> None:
     """Undo a pack that stopped at element `done` (the first `done` values are packed, the rest untouched)."""
-    restored = _restore(low[:done], residual[:done], torch.cat(ties) if ties else torch.empty(0, dtype=torch.long))
-    kept = _view(storage, torch.int32, done, n - done).clone()
-    whole = _view(storage, torch.int32, 0, n)
+    tied = np.concatenate(ties) if ties else np.empty(0, dtype=np.int64)
+    restored = _restore(low[:done], residual[:done], tied)
+    whole = _view(storage, torch.int32, 0, n).numpy()
     whole[:done] = restored
-    whole[done:] = kept
 
 
-def _restore(low: Tensor, residual: Tensor, tied: Tensor) -> Tensor:
-    rest = residual.to(torch.int32)
-    if tied.numel():
+def _restore(low: np.ndarray, residual: np.ndarray, tied: np.ndarray) -> np.ndarray:
+    rest = residual.astype(np.int32)
+    if tied.size:
         rest[tied] = _TIE
-    return (low.to(torch.int32) << 16) + rest
+    return (low.astype(np.int32) << 16) + rest
 
 
-def _unpack(p: nn.Parameter, storage: torch.UntypedStorage, n: int, shape: torch.Size, tied: Tensor) -> None:
+def _unpack(p: nn.Parameter, storage: torch.UntypedStorage, n: int, shape: torch.Size, tied: np.ndarray) -> None:
     """Rebuild the FP32 bits in place, last chunk first: element j's 4 bytes cover low values of elements
     2j and 2j+1, which are read by then."""
-    residual = _view(storage, torch.int16, n, n).clone()
-    low = _view(storage, torch.int16, 0, n)
-    out = _view(storage, torch.int32, 0, n)
+    residual = _view(storage, torch.int16, n, n).numpy().copy()
+    low = _view(storage, torch.int16, 0, n).numpy()
+    out = _view(storage, torch.int32, 0, n).numpy()
+    wide, rest = np.empty(min(n, _CHUNK), np.int32), np.empty(min(n, _CHUNK), np.int32)
     for start in reversed(range(0, n, _CHUNK)):
         stop = min(n, start + _CHUNK)
-        sel = tied[(tied >= start) & (tied < stop)] - start
-        out[start:stop] = _restore(low[start:stop].clone(), residual[start:stop], sel)
+        m = stop - start
+        wide[:m] = low[start:stop]  # read before the writes below reach them
+        np.left_shift(wide[:m], 16, out=wide[:m])
+        rest[:m] = residual[start:stop]
+        if tied.size:
+            rest[tied[(tied >= start) & (tied < stop)] - start] = _TIE
+        np.add(wide[:m], rest[:m], out=out[start:stop])
     p.data = _view(storage, torch.float32, 0, n).view(shape)

@@ -8,7 +8,8 @@ included, stays as it was. Loading never unpickles anything.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,22 +103,50 @@ def check_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, 
 
     `tuner.load` makes each parameter the checkpoint's tensor and copies each buffer from it, so a model
     loaded from a checkpoint with exactly those bytes is the model the trials ran, and gives their
-    outputs bit for bit. Tensors are read one at a time: the check never holds a second model.
+    outputs bit for bit. safetensors must open the file (as `tuner.load` will); its tensors are then read
+    one at a time with plain reads, not mapped, so the check holds neither a second model nor the file's
+    pages.
     """
-    with stored_as(model, lowered), safe_open(str(path), framework="pt") as fh:
+    with safe_open(str(path), framework="pt") as fh:  # the header parses as tuner.load will parse it
         names = set(fh.keys())
-        for name, t in model.state_dict().items():
-            problem = "missing" if name not in names else _differs(fh.get_tensor(name), t.detach().cpu())
+    missing = sorted(set(model.state_dict(keep_vars=True)) - names)  # (no tensor kept: stored_as packs in place)
+    if missing:
+        raise NotAsClaimed(f"the model loaded from {Path(path).name} does not reproduce the tuned model's output bit "
+                           f"for bit (an mpt bug): {missing[0]} is missing")
+    with stored_as(model, lowered):
+        state = model.state_dict()
+        for name, dtype, shape, data in _file_tensors(path):
+            problem = _differs(dtype, shape, data, state[name].detach().cpu()) if name in state else ""
             if problem:
                 raise NotAsClaimed(f"the model loaded from {Path(path).name} does not reproduce the tuned model's "
                                    f"output bit for bit (an mpt bug): {name} {problem}")
 
 
-def _differs(stored: Tensor, ran: Tensor) -> str:
-    """How the checkpoint's tensor differs from the one the trials ran with ("" when it does not)."""
-    if stored.dtype != ran.dtype or stored.shape != ran.shape:
-        return f"is {stored.dtype} {tuple(stored.shape)} in the file, {ran.dtype} {tuple(ran.shape)} in the trials"
-    same = stored.numel() == 0 or torch.equal(stored.reshape(-1).view(torch.uint8), ran.reshape(-1).view(torch.uint8))
+_FILE_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
+                "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                "BOOL": torch.bool}
+
+
+def _file_tensors(path: str | Path) -> Iterator[tuple[str, str, tuple[int, ...], Tensor]]:
+    """(name, safetensors dtype, shape, raw bytes) of each tensor in a safetensors file, one at a time."""
+    with open(path, "rb") as fh:
+        size = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(size))
+        header.pop("__metadata__", None)
+        for name, info in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
+            begin, end = info["data_offsets"]
+            fh.seek(8 + size + begin)
+            data = torch.empty(end - begin, dtype=torch.uint8)
+            if fh.readinto(data.numpy()) != end - begin:  # type: ignore[arg-type]
+                raise NotAsClaimed(f"{Path(path).name} is truncated at {name} (an mpt bug)")
+            yield name, info["dtype"], tuple(info["shape"]), data
+
+
+def _differs(dtype: str, shape: tuple[int, ...], data: Tensor, ran: Tensor) -> str:
+    """How the file's tensor differs from the one the trials ran with ("" when it does not)."""
+    if _FILE_DTYPES.get(dtype) != ran.dtype or shape != tuple(ran.shape):
+        return f"is {dtype} {shape} in the file, {ran.dtype} {tuple(ran.shape)} in the trials"
+    same = ran.numel() == 0 or torch.equal(data, ran.contiguous().reshape(-1).view(torch.uint8))
     return "" if same else "has other values in the file than in the trials"
 
 

@@ -31,6 +31,8 @@ def offline_transformers() -> types.ModuleType:
         import transformers
     except ImportError:
         raise ConfigError(f"hf: models need transformers, which is not installed: {INSTALL_HINT}") from None
+    transformers.utils.logging.set_verbosity_error()  # mpt says what it loads; no download bars or notices
+    transformers.utils.logging.disable_progress_bar()
     return transformers
 
 

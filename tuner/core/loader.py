@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from tuner.core.errors import ConfigError, UserCodeError
-from tuner.core.hf import build_hf_model
+from tuner.core.hf import build_hf_model, offline_transformers
 from tuner.core.hf_config import hf_files, hf_folder
 from tuner.core.inputs import ModelInputs
 from tuner.core.memory import is_out_of_memory, out_of_memory
@@ -71,7 +71,8 @@ class UserModel:
 
     def build(self) -> torch.nn.Module:
         name = _fn_name(self.build_fn, DEFAULT_BUILD)
-        model = call_user(self.build_fn, what=name)
+        # mpt's own builder (hf:): a folder it cannot load is bad input (exit 2), not an error in the user's code
+        model = self.build_fn() if getattr(self.build_fn, "mpt_builtin", False) else call_user(self.build_fn, what=name)
         if not isinstance(model, torch.nn.Module):
             raise UserCodeError(f"{name} returned {_describe(model)}, expected a torch.nn.Module",
                                 where=_definition_site(self.build_fn))
@@ -171,8 +172,10 @@ def _load_hf(spec: str, **functions: str | None) -> UserModel:
     if given:
         raise ConfigError(f"{given[0]}: an hf: model has no model file to take functions from; drop --{given[0]}")
     folder = hf_folder(spec)
-    return UserModel(path=folder, build_fn=functools.partial(build_hf_model, folder), eval_fn=None, inputs_fn=None,
-                     files=hf_files(folder), hf=True)
+    offline_transformers()  # not installed: said now, before any output folder is claimed
+    build = functools.partial(build_hf_model, folder)
+    build.mpt_builtin = True  # type: ignore[attr-defined]
+    return UserModel(path=folder, build_fn=build, eval_fn=None, inputs_fn=None, files=hf_files(folder), hf=True)
 
 
 # --- the user's files a model file depends on -----------------------------------------------------------------

@@ -115,10 +115,6 @@ class UserModel:
             return self.batch(value[0], name)
         return self.batch(value, name)
 
-    def several_batches(self) -> bool:
-        """Whether example_inputs() returns a list of batches (calibration batches for a built-in metric)."""
-        return self.inputs_fn is not None and isinstance(call_user(self.inputs_fn, what=DEFAULT_INPUTS), list)
-
     def batch(self, value: Any, name: str) -> ModelInputs:
         """One forward call's arguments from what a user function returned (see example_inputs)."""
         fn = self.calibration_fn if name == DEFAULT_CALIBRATION else self.inputs_fn

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import click
@@ -164,11 +165,12 @@ def tune_cmd(**values: Any) -> None:
 
 def _tune(opts: Any, render: _Renderer, started: float) -> tuple[Any, Any]:
     """Ranks -> the user's file -> the run; (TuneRun, Ranks). Imports torch."""
-    from tuner.core.loader import load_user_model
+    from tuner.jobs.prepare import FIDELITY_KEYS, load_model
     from tuner.jobs.tune_run import tune_into_folder
 
     ranks = join_ranks(click.get_current_context(), opts.device)  # before the user's code (torch.distributed on import)
-    user = load_user_model(opts.model, model=opts.build, eval=opts.eval, inputs=opts.inputs)
+    user = load_model(opts.model, specs=opts.specs(), fidelity={k: getattr(opts, k) for k in FIDELITY_KEYS},
+                      device=opts.device, folder=Path(opts.out) if ranks.is_main else None)
     render.working("building the model and evaluating the FP32 baseline ...")
     run = tune_into_folder(user, opts.tune_options(), opts.out, resume=opts.resume, overwrite=opts.overwrite,
                            specs=opts.specs(), on_event=render, started=started, latency=opts.latency, ranks=ranks)

@@ -535,12 +535,17 @@ def test_inputs_dict_with_non_str_keys_is_refused(tmp_path):
     assert "keyword argument names" in one_line(info.value)
 
 
-@pytest.mark.parametrize("body, fragment", [("[torch.ones(2)]", "list"), ("None", "None"), ("5", "int")])
-def test_inputs_rejects_other_types(tmp_path, body, fragment):
+@pytest.mark.parametrize("body, fragment", [("[[torch.ones(2)]]", "list"), ("None", "None"), ("5", "int")])
+def test_inputs_rejects_other_types(tmp_path, body, fragment):  # a list is batches: a list inside one is not a batch
     with pytest.raises(UserCodeError) as info:
         inputs_user(tmp_path, body).example_inputs()
     msg = one_line(info.value)
     assert f"example_inputs returned {fragment}" in msg and "expected a tuple" in msg
+
+
+def test_inputs_as_a_list_of_batches_give_the_first_as_the_example(tmp_path):
+    inputs = inputs_user(tmp_path, "[(torch.ones(2),), (torch.zeros(3),)]").example_inputs()
+    assert inputs.args[0].shape == (2,)
 
 
 def test_inputs_raising(tmp_path):

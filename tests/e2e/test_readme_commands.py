@@ -1,7 +1,7 @@
 """Docs that run: every `mpt` command example in README.md, in order, on a fresh copy of the repository.
 
-The commands are the lines (or `&&`-joined parts of lines) starting with `mpt ` in README.md's ```bash
-blocks; the ```yaml block headed `# mpt.yaml` is written to the copy's root where it appears, as a user
+The commands are the lines (or `&&`-joined parts of lines) starting with `mpt ` or `python examples/` (a bundled
+script that makes a model folder) in README.md's ```bash blocks; the ```yaml block headed `# mpt.yaml` is written to the copy's root where it appears, as a user
 following the CI section would. Each command must exit 0; the checks are on exit codes and the files
 the commands write, never on their terminal text (which is free to change). Lines that cannot run here
 are skipped by the reasons in SKIP, which the test also keeps honest.
@@ -10,6 +10,7 @@ The presets table in README.md is checked against `tuner.preset_names()` and the
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -32,6 +33,8 @@ SKIP = {
     "--device cuda": "needs a CUDA device",
     "torchrun": "needs several processes (tests/search/test_distributed.py covers torchrun)",
 }
+if importlib.util.find_spec("transformers") is None:  # CI installs the hf extra; a checkout without it skips these
+    SKIP.update({"hf:": "needs transformers", "tiny_hf_model.py": "needs transformers"})
 # What a fresh clone does not have: build outputs, caches and anything the commands write.
 IGNORE = shutil.ignore_patterns(".git", ".venv", ".venv-ci", "__pycache__", "*.egg-info", ".pytest_cache", "build",
                                 "dist", "mpt-out", "runs", "mpt", "reports", "retrained", "*.pyc")
@@ -53,7 +56,7 @@ def readme_steps(text: str) -> list[tuple[str, str]]:
             for part in (p.strip() for p in line.split(" && ")):
                 if any(reason in part for reason in SKIP):
                     steps.append(("skip", part))
-                elif part.startswith("mpt "):
+                elif part.startswith(("mpt ", "python examples/")):
                     steps.append(("run", part))
     return steps
 

@@ -28,15 +28,18 @@ from typing import Any
 import torch
 
 from tuner.core.errors import ConfigError, UserCodeError
+from tuner.core.hf import build_hf_model, offline_transformers
+from tuner.core.hf_config import hf_files, hf_folder
 from tuner.core.inputs import ModelInputs
 from tuner.core.memory import is_out_of_memory, out_of_memory
 
 __all__ = ["UserModel", "load_user_model", "call_user", "call_forward", "imported_user_files", "DEFAULT_BUILD",
-           "DEFAULT_EVAL", "DEFAULT_INPUTS"]
+           "DEFAULT_EVAL", "DEFAULT_INPUTS", "DEFAULT_CALIBRATION"]
 
 DEFAULT_BUILD = "build_model"
 DEFAULT_EVAL = "evaluate"
 DEFAULT_INPUTS = "example_inputs"
+DEFAULT_CALIBRATION = "calibration_batches"
 
 _MAX_MESSAGE = 300
 
@@ -63,10 +66,13 @@ class UserModel:
     eval_fn: Callable[[Any], Any] | None
     inputs_fn: Callable[[], Any] | None
     files: tuple[Path, ...] = ()
+    calibration_fn: Callable[[], Any] | None = None
+    hf: bool = False  # `path` is a Hugging Face model folder (`hf:PATH`), not a model file
 
     def build(self) -> torch.nn.Module:
         name = _fn_name(self.build_fn, DEFAULT_BUILD)
-        model = call_user(self.build_fn, what=name)
+        # mpt's own builder (hf:): a folder it cannot load is bad input (exit 2), not an error in the user's code
+        model = self.build_fn() if getattr(self.build_fn, "mpt_builtin", False) else call_user(self.build_fn, what=name)
         if not isinstance(model, torch.nn.Module):
             raise UserCodeError(f"{name} returned {_describe(model)}, expected a torch.nn.Module",
                                 where=_definition_site(self.build_fn))
@@ -88,6 +94,8 @@ class UserModel:
         if self.eval_fn is None:
             raise ConfigError(f"{self.path.name} has no function '{DEFAULT_EVAL}'")
         name = _fn_name(self.eval_fn, DEFAULT_EVAL)
+        if getattr(self.eval_fn, "mpt_builtin", False):  # mpt's own metric: its errors are mpt's (bad --output: exit 2)
+            return float(self.eval_fn(model))
         value = call_user(self.eval_fn, model, what=name)
         metric = _to_float(value)
         if metric is None:
@@ -103,6 +111,13 @@ class UserModel:
             return None
         name = _fn_name(self.inputs_fn, DEFAULT_INPUTS)
         value = call_user(self.inputs_fn, what=name)
+        if isinstance(value, list) and value:  # several batches: the first is the example
+            return self.batch(value[0], name)
+        return self.batch(value, name)
+
+    def batch(self, value: Any, name: str) -> ModelInputs:
+        """One forward call's arguments from what a user function returned (see example_inputs)."""
+        fn = self.calibration_fn if name == DEFAULT_CALIBRATION else self.inputs_fn
         if isinstance(value, (tuple, torch.Tensor, ModelInputs)):
             return ModelInputs.of(value)
         if isinstance(value, Mapping):
@@ -110,10 +125,10 @@ class UserModel:
             if not bad:
                 return ModelInputs.of(value)
             raise UserCodeError(f"{name} returned a dict with key {bad[0]!r}; a dict's keys are the forward's "
-                                "keyword argument names (str)", where=_definition_site(self.inputs_fn))
+                                "keyword argument names (str)", where=_definition_site(fn))
         hint = " (use tuple(...) for positional args, or (x,) for one list argument)" if isinstance(value, list) else ""
         raise UserCodeError(f"{name} returned {_describe(value)}, expected a tuple of positional args, "
-                            f"a dict of keyword args or a tensor{hint}", where=_definition_site(self.inputs_fn))
+                            f"a dict of keyword args or a tensor{hint}", where=_definition_site(fn))
 
 
 def load_user_model(spec: str, *, model: str | None = None, eval: str | None = None,  # noqa: A002
@@ -127,6 +142,8 @@ def load_user_model(spec: str, *, model: str | None = None, eval: str | None = N
     for build_model (and evaluate when `require_eval`); a name the user gave
     must exist.
     """
+    if spec.startswith("hf:"):
+        return _load_hf(spec, model=model, eval=eval, inputs=inputs)
     path_text, build_name = _split_spec(spec)
     path = _check_file(path_text, "model file")
     if build_name is not None and model is not None and model != build_name:
@@ -137,11 +154,24 @@ def load_user_model(spec: str, *, model: str | None = None, eval: str | None = N
     build_fn = _pick(model if model is not None else build_name, DEFAULT_BUILD, "model", path, modules, True)
     eval_fn = _pick(eval, DEFAULT_EVAL, "eval", path, modules, require_eval)
     inputs_fn = _pick(inputs, DEFAULT_INPUTS, "inputs", path, modules, False)
+    calibration_fn = _pick(None, DEFAULT_CALIBRATION, "calibration", path, modules, False)
     assert build_fn is not None
     fresh = [m for name, m in list(sys.modules.items()) if name not in before and isinstance(m, types.ModuleType)]
     files = imported_user_files([*modules.values(), *fresh])
     return UserModel(path=path, build_fn=build_fn, eval_fn=eval_fn, inputs_fn=inputs_fn,
-                     files=(*modules, *(f for f in files if f not in modules)))
+                     files=(*modules, *(f for f in files if f not in modules)), calibration_fn=calibration_fn)
+
+
+def _load_hf(spec: str, **functions: str | None) -> UserModel:
+    """A UserModel for `hf:PATH`: built from the folder; no evaluate or inputs of the user's (mpt brings them)."""
+    given = [role for role, name in functions.items() if name is not None]
+    if given:
+        raise ConfigError(f"{given[0]}: an hf: model has no model file to take functions from; drop --{given[0]}")
+    folder = hf_folder(spec)
+    offline_transformers()  # not installed: said now, before any output folder is claimed
+    build = functools.partial(build_hf_model, folder)
+    build.mpt_builtin = True  # type: ignore[attr-defined]
+    return UserModel(path=folder, build_fn=build, eval_fn=None, inputs_fn=None, files=hf_files(folder), hf=True)
 
 
 # --- the user's files a model file depends on -----------------------------------------------------------------

@@ -15,6 +15,7 @@ SEARCH_PAGE_NAME = "search.html"
 REPORT_MD_NAME = "report.md"
 JOURNAL_NAME = "journal.jsonl"  # kept across runs for --resume (tuner.workspace.journal)
 INPUTS_NAME = "journal-inputs.safetensors"  # inputs recorded from the first forward call, beside the journal
+REFERENCE_NAME = "fidelity-reference.safetensors"  # a built-in metric's FP32 outputs (tuner.workspace.reference)
 LOCK_NAME = ".mpt.lock"  # held while a run uses the folder (tuner.workspace.folder)
 STAGING_NAME = ".mpt-staging"  # the writer's staging folder (STAGING_NAME-<random>), gone once committed
 MANIFEST_NAME = ".mpt-manifest.json"  # what mpt wrote into the folder, with digests (tuner.workspace.manifest)
@@ -24,13 +25,13 @@ GITIGNORE_NAME = ".gitignore"  # written when a run claims the folder, unless on
 COMMITTED = (LOWER_OPS_NAME, FP32_OPS_NAME, CHECKPOINT_NAME, REPORT_JSON_NAME, SEARCH_PAGE_NAME, REPORT_MD_NAME,
              PLAN_NAME)
 # Everything a run leaves that makes the folder "hold a run" (refused without resume/overwrite; overwrite removes it).
-OUTPUT_FILES = COMMITTED + (JOURNAL_NAME, INPUTS_NAME)
+OUTPUT_FILES = COMMITTED + (JOURNAL_NAME, INPUTS_NAME, REFERENCE_NAME)
 
 # What the folder's .gitignore keeps out of git: the run's working files (lock, manifest, staging, journal and its
 # inputs), the converted weights (large and binary; a re-tune writes them again) and the renderings whose timings
 # change on every run (report.md, search.html: a CI job posts or uploads them). Left for git: plan.yaml, the op lists
 # and report.json. It ignores itself too (as pytest's cache folder does); a user's edit makes it theirs: mpt keeps it.
-NOT_FOR_GIT = (GITIGNORE_NAME, LOCK_NAME, MANIFEST_NAME, STAGING_NAME + "-*", JOURNAL_NAME, INPUTS_NAME,
+NOT_FOR_GIT = (GITIGNORE_NAME, LOCK_NAME, MANIFEST_NAME, STAGING_NAME + "-*", JOURNAL_NAME, INPUTS_NAME, REFERENCE_NAME,
                CHECKPOINT_NAME, REPORT_MD_NAME, SEARCH_PAGE_NAME)
 GITIGNORE_TEXT = ("# written by mpt tune: the files of this folder not meant for git; commit plan.yaml, the op lists\n"
                   "# and report.json (mpt never replaces a .gitignore it did not write)\n" +

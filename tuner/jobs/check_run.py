@@ -30,6 +30,7 @@ from tuner.core.loader import UserModel, call_forward, load_user_model
 from tuner.core.output_files import CHECKPOINT_NAME, PLAN_NAME
 from tuner.engine.attach import attach
 from tuner.engine.function_mode import PrecisionEngine
+from tuner.jobs.prepare import load_model
 from tuner.measure.deployed import stored_as, weight_dtypes
 from tuner.options.commands import CheckOptions
 from tuner.options.shared import tolerance_problem
@@ -39,7 +40,7 @@ from tuner.report.checkpoint import load
 from tuner.report.metric_text import fmt_metric, metric_digits
 from tuner.search.noise import Acceptance, Baseline, measure_baseline
 from tuner.workspace.keeper import ModelKeeper
-from tuner.workspace.modelref import resolve_model_ref
+from tuner.workspace.modelref import resolve_model_ref, resolve_plan_path
 
 __all__ = ["CheckResult", "check_plan", "plan_location", "junit_xml", "write_junit"]
 
@@ -161,6 +162,19 @@ def _user_specs(plan: Plan, plan_file: Path, options: CheckOptions) -> tuple[str
                         for (role, spec), rec in zip(given.items(), recorded, strict=False)}
 
 
+def _check_model(model_file: str, specs: dict[str, str | None], plan: Plan, plan_file: Path,
+                 options: CheckOptions) -> UserModel:
+    """The model to check, its evaluate the built-in metric the plan records (against the FP32 outputs of the
+    model as it is now, computed again), unless the caller named an evaluate."""
+    ref = plan.model
+    if ref is None or ref.metric is None or options.eval is not None:
+        return load_user_model(model_file, model=specs["build"], eval=specs["eval"], inputs=specs["inputs"])
+    fidelity = {"metric": ref.metric, "output": ref.output, "batch_size": ref.batch_size,
+                "data": resolve_plan_path(ref.data, plan_file.parent),
+                "tokenizer": resolve_plan_path(ref.tokenizer, plan_file.parent)}
+    return load_model(model_file, specs=specs, fidelity=fidelity, device=options.device)
+
+
 def _tolerance(options: CheckOptions, metrics: dict[str, Any], plan_file: Path) -> float:
     """The caller's tolerance, else the plan's; a relative one must be below 1 (the rule `mpt tune` obeys)."""
     tolerance = options.tolerance if options.tolerance is not None else _number(metrics.get("tolerance"))
@@ -246,7 +260,7 @@ def check_plan(options: CheckOptions | str | Path) -> CheckResult:
                          absolute=bool(metrics.get("absolute", False)),
                          lower_is_better=bool(metrics.get("lower_is_better", False)), device=options.device)
     check_device(options.device, loaded.dtype)
-    user = load_user_model(model_file, model=specs["build"], eval=specs["eval"], inputs=specs["inputs"])
+    user = _check_model(model_file, specs, loaded, plan_file, options)
     keeper = ModelKeeper(user.build, options.device)
     baseline = _fp32_baseline(user, keeper, loaded, folder)
     target = search.target(baseline.value)

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.core.errors import ConfigError
+from tuner.core.hf_config import is_hf_spec
 from tuner.core.loader import load_user_model
+from tuner.jobs.prepare import load_model
 from tuner.measure.inspection import InspectResult, InspectSummary, OpRecord, inspect_model, top_records
 from tuner.options.commands import InspectOptions
 from tuner.policy.plan import Plan
@@ -81,8 +83,13 @@ def inspect(options: InspectOptions) -> InspectRun:  # public as tuner.inspect; 
     lists, no example_inputs), PlanMismatchError or UserCodeError.
     """
     assert options.model is not None  # InspectOptions refuses a missing model
-    user = load_user_model(options.model, model=options.build, eval=options.eval, inputs=options.inputs,
-                           require_eval=False)
+    if options.data is not None or is_hf_spec(options.model):  # the first batch of --data is the example
+        user = load_model(options.model, specs={"build": options.build, "inputs": options.inputs},
+                          fidelity={"data": options.data, "tokenizer": options.tokenizer,
+                                    "batch_size": options.batch_size})
+    else:
+        user = load_user_model(options.model, model=options.build, eval=options.eval, inputs=options.inputs,
+                               require_eval=False)
     inputs = user.example_inputs()
     if inputs is None:
         raise ConfigError(f"{user.path.name} defines no example_inputs(); add one or pass `inputs` NAME")

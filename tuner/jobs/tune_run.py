@@ -17,6 +17,7 @@ from tuner.core.fingerprint import file_digests, source_digest
 from tuner.core.loader import UserModel
 from tuner.core.output_files import JOURNAL_NAME, OUTPUT_FILES
 from tuner.core.torch_state import refuse_active_autocast
+from tuner.jobs.prepare import FIDELITY_KEYS
 from tuner.options.tune import TuneOptions
 from tuner.report.measuring import measure_report
 from tuner.report.outcome import TuneReport
@@ -93,8 +94,10 @@ def tune_into_folder(user: UserModel, options: TuneOptions, out: str | Path, *, 
         if (result.stopped is StopReason.INTERRUPTED and result.status is not TuneStatus.MET) or folder is None:
             return TuneRun(result, path, None)
         given = dict(specs or {})
+        fidelity = {k: getattr(options, k) for k in FIDELITY_KEYS} if options.metric is not None else None
         ref = model_ref_for(user, folder.path, build=given.get("build"), eval=given.get("eval"),
-                            inputs=given.get("inputs"), model=keeper.model, weights=keeper.weights_digest)
+                            inputs=given.get("inputs"), model=keeper.model, weights=keeper.weights_digest,
+                            fidelity=fidelity)
         withdraw_plan(folder.path)  # an interrupt while measuring leaves no plan.yaml, as one while writing
         report = measure_report(result, keeper.model, model_ref=ref, device=options.device, latency=latency)
         report = write_outputs(result, report, folder.path, model=keeper.model)

@@ -11,9 +11,12 @@ import dataclasses
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from tuner.core.hf_config import default_metric_name, is_hf_spec
 from tuner.options.fields import Kind, Options, option
 from tuner.options.shared import (
+    batch_size_option,
     build_option,
+    data_option,
     device_option,
     dtype_option,
     eval_option,
@@ -22,13 +25,15 @@ from tuner.options.shared import (
     model_option,
     preset_option,
     resume_rule,
+    tokenizer_option,
     tolerance_option,
 )
 from tuner.options.tune import TuneOptions
 
 __all__ = ["TuneCommandOptions", "InspectOptions", "CheckOptions", "PresetsOptions", "COMMANDS", "CONFIGURED"]
 
-MODEL_HELP = "The model file: build_model(), evaluate(model), example_inputs(); MODEL.py:NAME picks another builder."
+MODEL_HELP = ("The model file: build_model(), evaluate(model), example_inputs(); MODEL.py:NAME picks another builder; "
+              "hf:DIR a Hugging Face model folder (save_pretrained) with --data.")
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,11 @@ class TuneCommandOptions(TuneOptions):
     build: str | None = build_option()
     eval: str | None = eval_option()
     inputs: str | None = inputs_option()
+
+    def __post_init__(self) -> None:
+        if self.metric is None and is_hf_spec(self.model):  # an hf: model has no evaluate: its head decides
+            object.__setattr__(self, "metric", default_metric_name(self.model or ""))
+        super().__post_init__()
 
     def _rules(self, bad: Collection[str]) -> list[tuple[str, str]]:
         return [*super()._rules(bad), *resume_rule(vars(self), bad)]
@@ -79,6 +89,9 @@ class InspectOptions(Options):
     json: bool = json_option()
     top: int | None = option(None, "Show only the N calls that add the most error themselves (local; error where "
                              "local is unknown).", Kind.INT, minimum=1, metavar="N")
+    data: str | None = data_option()
+    tokenizer: str | None = tokenizer_option()
+    batch_size: int = batch_size_option()
     build: str | None = build_option()
     eval: str | None = eval_option()
     inputs: str | None = inputs_option()

@@ -123,6 +123,8 @@ def _resolve_paths(values: dict[str, Any], schema: Schema, base: Path) -> dict[s
         kind = schema[name].kind
         if kind is Kind.PATH:
             resolved[name] = _resolve(base, value)
+        elif kind is Kind.MODEL_FILE and value.startswith("hf:"):  # a model folder: hf:PATH
+            resolved[name] = "hf:" + _resolve(base, value[3:])
         elif kind in (Kind.MODEL_FILE, Kind.FUNCTION):
             head, sep, tail = value.rpartition(":")
             if sep and head and tail.isidentifier() and (kind is Kind.MODEL_FILE or head.lower().endswith(".py")):

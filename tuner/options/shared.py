@@ -36,6 +36,24 @@ def inputs_option() -> Any:
                   metavar=FUNCTION_METAVAR)
 
 
+METRICS = ("agreement", "cosine", "kl", "rel-error")  # tuner.measure.fidelity.Metric's values
+
+
+def data_option() -> Any:
+    return option(None, "Calibration inputs for a built-in --metric (and for an hf: model): a .safetensors file or "
+                  ".pt tensors named as the forward's arguments (dim 0 = samples), or a .jsonl file of texts "
+                  "(with --tokenizer).", Kind.PATH, metavar="FILE")
+
+
+def tokenizer_option() -> Any:
+    return option(None, "Tokenizer folder for a .jsonl --data file (default: the hf: model's folder).", Kind.PATH,
+                  metavar="DIR")
+
+
+def batch_size_option() -> Any:
+    return option(8, "Samples per forward call when cutting --data into batches.", Kind.INT, minimum=1, metavar="N")
+
+
 def dtype_option(default: str | None) -> Any:
     return option(default, "Lower precision to use (bf16/bfloat16 or fp16/float16/half).", Kind.CHOICE,
                   choices=LOWER_CHOICES)

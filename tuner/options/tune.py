@@ -10,9 +10,13 @@ from tuner.core.dtypes import lower_name
 from tuner.options.fields import Kind, Options, option
 from tuner.options.shared import (
     DEFAULT_PRESET,
+    METRICS,
+    batch_size_option,
+    data_option,
     device_option,
     dtype_option,
     preset_option,
+    tokenizer_option,
     tolerance_option,
     tolerance_rule,
 )
@@ -39,8 +43,9 @@ class TuneOptions(Options):
 
     dtype: str = dtype_option("bf16")
     preset: str | None = preset_option()
-    tolerance: float = tolerance_option(0.01, "Allowed loss against the FP32 baseline: relative (0.01 = 1%) unless "
-                                              "--absolute.")
+    tolerance: float = tolerance_option(None, "Allowed loss against the FP32 baseline: relative (0.01 = 1%) unless "
+                                              "--absolute. Default 0.01; with --metric, the metric's own (absolute: "
+                                              "agreement 0.01, cosine 0.001, kl 0.01, rel-error 0.02).")
     absolute: bool = option(False, "Treat --tolerance as an absolute drop of the metric.", Kind.BOOL)
     lower_is_better: bool = option(False, "The metric is a loss/perplexity: lower is better.", Kind.BOOL)
     max_evals: int | None = option(None, "Stop after N full evaluations (the baseline's runs included; at least 3).",
@@ -55,14 +60,47 @@ class TuneOptions(Options):
                        "exact = one forward per op instance (slower; catches saturation effects).", Kind.CHOICE,
                        choices=tuple(m.value for m in RankMethod))
 
+    metric: str | None = option(None, "Built-in fidelity metric against the FP32 model's outputs on calibration "
+                                "batches (--data, calibration_batches() or a list from example_inputs()), used "
+                                "instead of evaluate: agreement (top-1), cosine, kl, rel-error. Sets "
+                                "--lower-is-better and --absolute for the metric.", Kind.CHOICE, choices=METRICS)
+    output: str | None = option(None, "The output --metric compares: logits, last_hidden_state or a dotted path "
+                                "(hidden_states.2); default the output itself if a tensor, else logits, "
+                                "sentence_embedding, last_hidden_state, the first tensor.", Kind.STR, metavar="PATH")
+    data: str | None = data_option()
+    tokenizer: str | None = tokenizer_option()
+    batch_size: int = batch_size_option()
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", lower_name(self.dtype))
+        self._metric_defaults()
         super().__post_init__()
         if self.preset is None:
             object.__setattr__(self, "preset", DEFAULT_PRESET[self.device])
 
+    def _metric_defaults(self) -> None:
+        """A built-in metric's direction, absolute tolerance and default tolerance (the FP32 value is exact)."""
+        if self.metric not in METRICS:
+            if self.tolerance is None:
+                object.__setattr__(self, "tolerance", 0.01)
+            return
+        lower = self.metric in ("kl", "rel-error")
+        if self.lower_is_better and not lower:
+            return  # _rules says why
+        object.__setattr__(self, "lower_is_better", lower)
+        object.__setattr__(self, "absolute", True)
+        if self.tolerance is None:
+            object.__setattr__(self, "tolerance", {"agreement": 0.01, "cosine": 0.001, "kl": 0.01,
+                                                   "rel-error": 0.02}[self.metric])
+
     def _rules(self, bad: Collection[str]) -> list[tuple[str, str]]:
-        return [*super()._rules(bad), *tolerance_rule(vars(self), bad)]
+        problems = [*super()._rules(bad), *tolerance_rule(vars(self), bad)]
+        if self.metric in ("agreement", "cosine") and self.lower_is_better:
+            problems.append(("lower_is_better", f"lower_is_better: metric {self.metric} is higher-is-better; "
+                                                "drop lower_is_better"))
+        if self.metric is None and (self.output is not None):
+            problems.append(("output", "output: names what a built-in --metric compares; give metric too"))
+        return problems
 
     def target(self, baseline: float) -> float:
         return baseline + self.slack(baseline) if self.lower_is_better else baseline - self.slack(baseline)
@@ -72,5 +110,9 @@ class TuneOptions(Options):
 
     def settings(self) -> dict[str, Any]:
         """What decides trial outcomes: a journal made with other settings cannot be resumed."""
-        return {"dtype": self.dtype, "preset": self.preset, "tolerance": self.tolerance, "absolute": self.absolute,
-                "lower_is_better": self.lower_is_better, "device": self.device}
+        settings = {"dtype": self.dtype, "preset": self.preset, "tolerance": self.tolerance, "absolute": self.absolute,
+                    "lower_is_better": self.lower_is_better, "device": self.device}
+        if self.metric is not None:  # absent otherwise: journals from before built-in metrics still resume
+            settings.update(metric=self.metric, output=self.output, data=self.data, tokenizer=self.tokenizer,
+                            batch_size=self.batch_size)
+        return settings

@@ -115,18 +115,28 @@ class ModelRef:
     structure: str = ""
     weights: str = ""
     source: str = ""
+    metric: str | None = None
+    output: str | None = None
+    data: str | None = None
+    tokenizer: str | None = None
+    batch_size: int | None = None
 
-    FIELDS = ("file", "build", "eval", "inputs", "structure", "weights", "source")
+    FIELDS = ("file", "build", "eval", "inputs", "structure", "weights", "source", "metric", "output", "data",
+              "tokenizer", "batch_size")
 
     def __post_init__(self) -> None:
         problems = [f"model.{k}: expected a string, found {type(getattr(self, k)).__name__}"
-                    for k in self.FIELDS if getattr(self, k) is not None and not isinstance(getattr(self, k), str)]
+                    for k in self.FIELDS if getattr(self, k) is not None and not isinstance(getattr(self, k), str)
+                    and k != "batch_size"]
+        if self.batch_size is not None and (not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool)
+                                            or self.batch_size < 1):
+            problems.append(f"model.batch_size: expected an integer >= 1, found {self.batch_size!r}")
         if not self.file:
             problems.append("model.file: missing")
         if problems:
             raise ConfigError(problems, source="plan")
 
-    def to_dict(self) -> dict[str, str]:
+    def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.FIELDS if getattr(self, k)}
 
     @classmethod

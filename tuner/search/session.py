@@ -28,6 +28,7 @@ from tuner.measure.ranking import rank_exact, rank_gradient
 from tuner.options.tune import RankMethod, TuneOptions
 from tuner.policy.plan import OpInstance
 from tuner.policy.presets import load_preset
+from tuner.search.builtin_metric import builtin_evaluate
 from tuner.search.candidates import Candidates, find_candidates
 from tuner.search.distributed import Ranks, SharedJournal
 from tuner.search.evaluator import Bounds, Evaluator
@@ -290,7 +291,7 @@ class TuneSession:
                           noise=base.spread, rebuilds=self.keeper.rebuilds, chosen=chosen_n)
 
 
-def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Module], Any],
+def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Module], Any] | None = None,
          example_inputs: Callable[[], Any] | Any = None, options: TuneOptions | None = None, *,
          journal: Journal | None = None, on_event: Callable[[TuneEvent], None] | None = None,
          started: float | None = None, **option_values: Any) -> TuneResult:
@@ -304,12 +305,19 @@ def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Modu
     The search's options are TuneOptions' fields, as keywords
     (`tune(build, evaluate, dtype="bf16", tolerance=0.005)`) or as `options=TuneOptions(...)`, not both.
     `started` (time.monotonic()) is when the time budget starts; default now.
-    Like INC's `autotune(model, config, eval_fn)`.
+    Like INC's `autotune(model, config, eval_fn)`. Without `evaluate`, `metric=` (agreement, cosine, kl,
+    rel-error) compares the outputs with the FP32 model's on `data=` (a file) or on `example_inputs` (a list
+    of batches, or one batch); a given `evaluate` wins unless `metric=` is named.
     """
     options = _tune_options(options, option_values)
     if isinstance(build, nn.Module):
         template = build
         build = lambda: copy.deepcopy(template)  # noqa: E731
+    if options.metric is not None:
+        evaluate, example_inputs = builtin_evaluate(build, example_inputs, options)
+    elif evaluate is None:
+        raise TypeError("tune(): give evaluate, or metric= (agreement, cosine, kl, rel-error) with data= or "
+                        "example_inputs")
     session = TuneSession(build, evaluate, example_inputs, options, journal=journal,
                           on_event=on_event, started=time.monotonic() if started is None else started)
     return session.run()

@@ -7,8 +7,9 @@ file with no common ancestor besides the root stays absolute.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tuner.core.errors import ConfigError
 from tuner.core.fingerprint import source_digest, structure_digest, weights_digest
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
     from tuner.core.loader import UserModel
 
-__all__ = ["model_ref_for", "resolve_model_ref"]
+__all__ = ["model_ref_for", "resolve_model_ref", "resolve_plan_path"]
 
 FUNCTION_ROLES = ("build", "eval", "inputs")
 
@@ -64,12 +65,13 @@ def _relative_spec(spec: str | None, model_path: Path, out: Path) -> str | None:
 
 def model_ref_for(user: UserModel, out: Path, *, build: str | None, eval: str | None,  # noqa: A002
                   inputs: str | None, model: torch.nn.Module | None = None,
-                  weights: str | None = None) -> ModelRef:
+                  weights: str | None = None, fidelity: Mapping[str, Any] | None = None) -> ModelRef:
     """The ModelRef for a plan written to `out`: the user's model file and the function specs they gave,
     files relative to `out`, plus digests of `model` (structure, FP32 weights) and of the user's files
     (`user.files`). `weights` is the weights digest when the caller already has it (one pass saved).
 
-    A builder picked as MODEL.py:NAME is recorded as `build: NAME`.
+    A builder picked as MODEL.py:NAME is recorded as `build: NAME`; an hf: folder as `file: hf:FOLDER`.
+    `fidelity` is a built-in metric's record (metric, output, data, tokenizer, batch_size; paths as given).
     """
     out, model_path = Path(out), Path(user.path)
     given = {"build": build, "eval": eval, "inputs": inputs}
@@ -77,12 +79,14 @@ def model_ref_for(user: UserModel, out: Path, *, build: str | None, eval: str | 
     if specs["build"] is None:
         name = getattr(user.build_fn, "__name__", DEFAULT_BUILD)
         specs["build"] = name if name != DEFAULT_BUILD and name.isidentifier() else None
-    digests: dict[str, str] = {}
+    digests: dict[str, Any] = {}
     if model is not None:
         digests = {"structure": structure_digest(model), "weights": weights or weights_digest(model),
                    "source": source_digest(user.files or (model_path,))}
-    return ModelRef(file=_relative_to(model_path, out), build=specs["build"], eval=specs["eval"],
-                    inputs=specs["inputs"], **digests)
+    record: dict[str, Any] = {k: v for k, v in (fidelity or {}).items() if v is not None}
+    record.update({k: _relative_to(Path(record[k]), out) for k in ("data", "tokenizer") if k in record})
+    file = ("hf:" if user.hf else "") + _relative_to(model_path, out)
+    return ModelRef(file=file, build=specs["build"], eval=specs["eval"], inputs=specs["inputs"], **digests, **record)
 
 
 def resolve_model_ref(ref: ModelRef, plan_dir: Path, *,
@@ -97,8 +101,14 @@ def resolve_model_ref(ref: ModelRef, plan_dir: Path, *,
     problems: list[tuple[str, str]] = []
 
     def locate(role: str, text: str) -> str:
-        path = Path(text).expanduser()
+        folder = role == "model" and text.startswith("hf:")
+        path = Path(text[3:] if folder else text).expanduser()
         path = Path(os.path.normpath(path if path.is_absolute() else plan_dir / path))
+        if folder:
+            if not path.is_dir():
+                problems.append((role, f"model: the plan in {plan_dir} was made for the model folder {text}, which "
+                                       f"is not there (looked for {path}); give the model"))
+            return f"hf:{path}"
         if not path.is_file():
             what, hint = (("the model file", "give the model file") if role == "model" else
                           (f"the {role} function's file", f"give {role} as NAME or FILE.py:NAME"))
@@ -119,3 +129,11 @@ def resolve_model_ref(ref: ModelRef, plan_dir: Path, *,
     if problems:
         raise ConfigError([p for _, p in problems], fields=[f for f, _ in problems])
     return (file, *resolved)  # type: ignore[return-value]
+
+
+def resolve_plan_path(text: str | None, plan_dir: Path) -> str | None:
+    """A path a plan records (data file, tokenizer folder), relative to the plan's folder, as a usable path."""
+    if text is None:
+        return None
+    path = Path(text).expanduser()
+    return os.path.normpath(path if path.is_absolute() else Path(plan_dir) / path)

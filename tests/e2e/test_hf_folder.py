@@ -1,0 +1,78 @@
+"""`mpt tune hf:DIR`: a saved Hugging Face folder tuned and checked with no model file."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import save_file
+
+from mpt_cli import exitcodes
+from tests.cli.test_bad_input import assert_error, mpt
+
+transformers = pytest.importorskip("transformers")
+
+
+def _config(**extra):
+    return transformers.BertConfig(vocab_size=200, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                   intermediate_size=64, max_position_embeddings=32, **extra)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A tiny BertForSequenceClassification and BertForMaskedLM folder, and token batches for both."""
+    root = tmp_path_factory.mktemp("hf")
+    torch.manual_seed(0)
+    transformers.BertForSequenceClassification(_config(num_labels=3)).save_pretrained(root / "cls")
+    transformers.BertForMaskedLM(_config()).save_pretrained(root / "mlm")
+    transformers.BertModel(_config()).save_pretrained(root / "enc")
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 200, (12, 10), generator=g)
+    mask = torch.ones_like(ids)
+    mask[::2, 7:] = 0
+    save_file({"input_ids": ids, "attention_mask": mask}, root / "data.safetensors")
+    return root
+
+
+def test_tune_then_check_a_saved_classifier_with_no_model_file(runner, saved, tmp_path):
+    out = tmp_path / "out"
+    res = mpt(runner, "tune", f"hf:{saved / 'cls'}", "--metric", "agreement", "--data", saved / "data.safetensors",
+              "--out", out, "-q", "--no-latency")
+    assert res.exit_code == 0, res.output
+    plan = yaml.safe_load((out / "plan.yaml").read_text())
+    assert plan["model"]["file"].startswith("hf:") and plan["model"]["metric"] == "agreement"
+    assert plan["metrics"]["baseline"] == 1.0
+    check = mpt(runner, "check", out, "--json")
+    assert check.exit_code == 0, check.output
+    assert json.loads(check.stdout)["passed"] is True
+
+
+def test_default_metric_follows_the_head_and_inspect_takes_data(runner, saved, tmp_path):
+    res = mpt(runner, "tune", f"hf:{saved / 'mlm'}", "--data", saved / "data.safetensors", "--out", tmp_path / "m",
+              "-q", "--no-latency", "--max-evals", "4")
+    assert res.exit_code in (0, 3), res.output
+    assert yaml.safe_load((tmp_path / "m" / "plan.yaml").read_text())["model"]["metric"] == "agreement"
+    res = mpt(runner, "tune", f"hf:{saved / 'enc'}", "--data", saved / "data.safetensors", "--out", tmp_path / "e",
+              "-q", "--no-latency", "--max-evals", "4")
+    assert res.exit_code in (0, 3), res.output
+    ref = yaml.safe_load((tmp_path / "e" / "plan.yaml").read_text())["model"]
+    assert ref["metric"] == "cosine"
+    res = mpt(runner, "inspect", f"hf:{saved / 'enc'}", "--data", saved / "data.safetensors", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["summary"]["lower_flop_share"] > 0
+
+
+def test_hf_bad_inputs(runner, saved, tmp_path, monkeypatch):
+    data = saved / "data.safetensors"
+    res = mpt(runner, "tune", f"hf:{tmp_path / 'none'}", "--data", data, "--out", tmp_path / "o", "-q")
+    assert_error(res, exitcodes.USAGE, "model folder not found")
+    res = mpt(runner, "tune", f"hf:{saved / 'cls'}", "--out", tmp_path / "o", "-q")
+    assert_error(res, exitcodes.USAGE, "hf: model needs calibration inputs", "--data")
+    res = mpt(runner, "tune", f"hf:{saved / 'cls'}", "--data", data, "--output", "pooler_output",
+              "--out", tmp_path / "o", "-q")
+    assert_error(res, exitcodes.USAGE, "--output", "'pooler_output'", "logits")
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed
+    res = mpt(runner, "tune", f"hf:{saved / 'cls'}", "--data", data, "--out", tmp_path / "p", "-q")
+    assert_error(res, exitcodes.USAGE, "pip install", "transformers", "torch==")

@@ -1,0 +1,82 @@
+"""The built-in fidelity metrics' arithmetic and the choice of the compared output."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tuner.core.errors import ConfigError
+from tuner.measure.fidelity import Metric, MetricSum, reference_of, select_output
+
+
+def _metric(metric: Metric, ref: torch.Tensor, out: torch.Tensor, mask: torch.Tensor | None = None) -> float:
+    total = MetricSum(metric)
+    total.add(out, mask, reference_of(metric, ref, mask))
+    return total.value()
+
+
+def test_directions_and_default_tolerances():
+    assert [m.lower_is_better for m in Metric] == [False, False, True, True]
+    assert Metric.AGREEMENT.default_tolerance == 0.01 and Metric.COSINE.default_tolerance == 0.001
+
+
+def test_agreement_over_samples_for_a_classifier():
+    ref = torch.tensor([[2.0, 1.0, 0.0], [0.0, 3.0, 1.0], [0.0, 0.0, 1.0], [5.0, 0.0, 0.0]])
+    out = ref.clone()
+    out[1] = torch.tensor([4.0, 3.0, 1.0])  # one of four samples changes its top-1 class
+    assert _metric(Metric.AGREEMENT, ref, ref) == 1.0
+    assert _metric(Metric.AGREEMENT, ref, out) == 0.75
+
+
+def test_agreement_over_tokens_leaves_out_padding():
+    ref = torch.randn(2, 5, 7)
+    out = ref.clone()
+    out[1, 4] = -ref[1, 4]  # a padded token disagrees: not counted
+    out[0, 0] = -ref[0, 0]  # a real token disagrees: counted
+    mask = torch.ones(2, 5, dtype=torch.long)
+    mask[1, 3:] = 0
+    assert _metric(Metric.AGREEMENT, ref, out, mask) == pytest.approx(7 / 8)
+    assert _metric(Metric.AGREEMENT, ref, out) == pytest.approx(8 / 10)
+
+
+def test_cosine_kl_and_rel_error_against_direct_formulas():
+    ref = torch.randn(6, 10)
+    out = ref + 0.1 * torch.randn(6, 10)
+    cos = torch.nn.functional.cosine_similarity(out, ref, dim=-1).mean()
+    assert _metric(Metric.COSINE, ref, out) == pytest.approx(float(cos), rel=1e-6)
+    p, q = ref.log_softmax(-1), out.log_softmax(-1)
+    kl = (p.exp() * (p - q)).sum(-1).mean()
+    assert _metric(Metric.KL, ref, out) == pytest.approx(float(kl), rel=1e-5)
+    rel = (out - ref).norm() / ref.norm()
+    assert _metric(Metric.REL_ERROR, ref, out) == pytest.approx(float(rel), rel=1e-6)
+    assert _metric(Metric.KL, ref, ref) == pytest.approx(0.0, abs=1e-7) and _metric(Metric.REL_ERROR, ref, ref) == 0
+
+
+def test_sums_over_batches_weigh_each_position_once():
+    refs, outs = [torch.randn(3, 4), torch.randn(5, 4)], [torch.randn(3, 4), torch.randn(5, 4)]
+    total = MetricSum(Metric.COSINE)
+    for r, o in zip(refs, outs):
+        total.add(o, None, reference_of(Metric.COSINE, r, None))
+    whole = torch.nn.functional.cosine_similarity(torch.cat(outs), torch.cat(refs), dim=-1).mean()
+    assert total.value() == pytest.approx(float(whole), rel=1e-6)
+    assert math.isnan(MetricSum(Metric.KL).value())
+
+
+def test_agreement_needs_a_class_dimension():
+    with pytest.raises(ConfigError, match="class dimension"):
+        reference_of(Metric.AGREEMENT, torch.randn(4), None)
+
+
+def test_select_output_default_and_dotted_paths():
+    t = torch.randn(2, 3)
+    assert select_output(t, None) is t
+    hidden = torch.randn(2, 3, 4)
+    out = {"last_hidden_state": hidden, "logits": t, "hidden_states": (hidden, t)}
+    assert select_output(out, None) is t  # logits first
+    assert select_output({"last_hidden_state": hidden}, None) is hidden
+    assert select_output(out, "hidden_states.1") is t
+    assert select_output((hidden, t), None) is hidden
+    with pytest.raises(ConfigError, match="'logitz' is not a tensor") as info:
+        select_output(out, "logitz")
+    assert info.value.fields == ("output",)

@@ -1,0 +1,159 @@
+"""Built-in fidelity metrics: how close a trial's outputs stay to the FP32 model's on calibration batches.
+
+Most users of a precision tuner have no labelled eval set: what they want is "stay this close to FP32".
+A `Metric` compares one output tensor (picked by `select_output`) batch by batch against the FP32
+reference and accumulates a single number, so the batches stream and memory stays one batch's worth:
+
+    agreement  share of positions whose top-1 class is the FP32 model's (higher is better, FP32: 1)
+    cosine     mean cosine similarity of the output vectors (higher is better, FP32: 1)
+    kl         mean KL(FP32 || trial) of the softmax over the last dim, in nats (lower is better, FP32: 0)
+    rel-error  relative L2 error ||y - y_ref|| / ||y_ref|| over all positions (lower is better, FP32: 0)
+
+A "position" is a sample for a [batch, classes] output and a token for a [batch, tokens, ...] output; with
+an `attention_mask` in the batch, padded tokens (mask 0) are left out.
+"""
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tuner.core.errors import ConfigError
+
+__all__ = ["Metric", "select_output", "reference_of", "MetricSum", "DEFAULT_OUTPUTS"]
+
+# Tried in order when no output is named: a head's logits, a sentence encoder's embedding, an encoder's states.
+DEFAULT_OUTPUTS = ("logits", "sentence_embedding", "last_hidden_state")
+
+
+class Metric(str, enum.Enum):
+    """A built-in fidelity metric; its direction and default tolerance (absolute: the FP32 value is exact)."""
+
+    AGREEMENT = "agreement"
+    COSINE = "cosine"
+    KL = "kl"
+    REL_ERROR = "rel-error"
+
+    @property
+    def lower_is_better(self) -> bool:
+        return self in (Metric.KL, Metric.REL_ERROR)
+
+    @property
+    def default_tolerance(self) -> float:
+        return _DEFAULT_TOLERANCE[self]
+
+
+_DEFAULT_TOLERANCE = {Metric.AGREEMENT: 0.01, Metric.COSINE: 0.001, Metric.KL: 0.01, Metric.REL_ERROR: 0.02}
+
+
+def _step(value: Any, key: str) -> Any:
+    if isinstance(value, Mapping):
+        return value[key] if key in value else None
+    if isinstance(value, (tuple, list)) and key.isdigit():
+        index = int(key)
+        return value[index] if index < len(value) else None
+    return getattr(value, key, None) if not key.startswith("_") else None
+
+
+def _keys(value: Any) -> list[str]:
+    if isinstance(value, Mapping):
+        return [str(k) for k, v in value.items() if isinstance(v, Tensor)]
+    if isinstance(value, (tuple, list)):
+        return [str(i) for i, v in enumerate(value) if isinstance(v, Tensor)]
+    return []
+
+
+def select_output(output: Any, path: str | None) -> Tensor:
+    """The tensor the metric compares: `path` (`logits`, `last_hidden_state`, a dotted path such as
+    `hidden_states.2`), or by default the whole output when it is a tensor, else the first of
+    DEFAULT_OUTPUTS present, else its first tensor. ConfigError naming the path when it leads nowhere."""
+    if path is None:
+        if isinstance(output, Tensor):
+            return output
+        for key in DEFAULT_OUTPUTS:
+            found = _step(output, key)
+            if isinstance(found, Tensor):
+                return found
+        keys = _keys(output)
+        if keys:
+            return select_output(output, keys[0])
+        raise ConfigError(f"output: the model returned {type(output).__name__} with no tensor to compare; "
+                          "name one with --output", fields=("output",))
+    value = output
+    for key in path.split("."):
+        value = _step(value, key)
+        if value is None:
+            break
+    if not isinstance(value, Tensor):
+        found = ", ".join(_keys(output)) or type(output).__name__
+        raise ConfigError(f"output: {path!r} is not a tensor in the model's output (it has: {found})",
+                          fields=("output",))
+    return value
+
+
+def _positions(y: Tensor, mask: Tensor | None, *, vectors: bool) -> Tensor:
+    """`y` as rows, one per position: [N, last dim] for vectors, [N] otherwise; masked positions dropped."""
+    y = y.float()
+    if vectors and y.dim() == 1:
+        y = y.unsqueeze(0)
+    lead = y.shape[:-1] if vectors else y.shape
+    flat = y.reshape(-1, y.shape[-1]) if vectors else y.reshape(-1)
+    if mask is not None and len(lead) >= 2 and tuple(mask.shape) == tuple(lead[:2]):
+        keep = mask.reshape(mask.shape[0], mask.shape[1], *([1] * (len(lead) - 2))).expand(lead).reshape(-1) != 0
+        flat = flat[keep]
+    return flat
+
+
+def reference_of(metric: Metric, y: Tensor, mask: Tensor | None) -> Tensor:
+    """What the reference store keeps of the FP32 output for `metric`: the top-1 index per position for
+    agreement (small), the log-probabilities for kl, the float output rows otherwise."""
+    if metric is Metric.AGREEMENT:
+        if y.dim() < 2:
+            raise ConfigError("metric: agreement compares the top-1 class, and needs an output with a class "
+                              f"dimension (found shape {list(y.shape)}); use cosine or rel-error", fields=("metric",))
+        return _positions(y, mask, vectors=True).argmax(dim=-1)
+    rows = _positions(y, mask, vectors=True)
+    return torch.log_softmax(rows, dim=-1) if metric is Metric.KL else rows
+
+
+@dataclass
+class MetricSum:
+    """The running sums of one metric over batches; `value()` is the metric over all of them."""
+
+    metric: Metric
+    total: float = 0.0
+    count: float = 0.0
+
+    def add(self, y: Tensor, mask: Tensor | None, reference: Tensor) -> None:
+        """Add one batch: `y` the trial's output, `reference` what `reference_of` kept of the FP32 one."""
+        rows = _positions(y.detach(), mask, vectors=True)
+        if rows.shape[0] != reference.shape[0]:
+            raise ConfigError(f"output: the compared output has {rows.shape[0]} positions in this batch, the FP32 "
+                              f"reference {reference.shape[0]}: the model's output shape changed", fields=("output",))
+        reference = reference.to(rows.device)
+        if self.metric is Metric.AGREEMENT:
+            self.total += float((rows.argmax(dim=-1) == reference).sum())
+            self.count += rows.shape[0]
+        elif self.metric is Metric.COSINE:
+            self.total += float(torch.nn.functional.cosine_similarity(rows, reference, dim=-1).double().sum())
+            self.count += rows.shape[0]
+        elif self.metric is Metric.KL:
+            logp = torch.log_softmax(rows, dim=-1)
+            kl = (reference.exp() * (reference - logp)).sum(dim=-1)
+            self.total += float(kl.double().sum())
+            self.count += rows.shape[0]
+        else:
+            self.total += float((rows - reference).double().pow(2).sum())
+            self.count += float(reference.double().pow(2).sum())
+
+    def value(self) -> float:
+        if self.count == 0:
+            return math.nan
+        if self.metric is Metric.REL_ERROR:
+            return math.sqrt(self.total / self.count)
+        return self.total / self.count

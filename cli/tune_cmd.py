@@ -171,7 +171,8 @@ def _tune(opts: Any, render: _Renderer, started: float) -> tuple[Any, Any]:
     user = load_user_model(opts.model, model=opts.build, eval=opts.eval, inputs=opts.inputs)
     render.working("building the model and evaluating the FP32 baseline ...")
     run = tune_into_folder(user, opts.tune_options(), opts.out, resume=opts.resume, overwrite=opts.overwrite,
-                           specs=opts.specs(), on_event=render, started=started, latency=opts.latency, ranks=ranks)
+                           specs=opts.specs(), on_event=render, started=started, latency=opts.latency, ranks=ranks,
+                           consolidate=opts.consolidate)
     return run, ranks
 
 

@@ -22,8 +22,8 @@ MANIFEST_NAME = ".mpt-manifest.json"  # what mpt wrote into the folder, with dig
 GITIGNORE_NAME = ".gitignore"  # written when a run claims the folder, unless one mpt did not write is there
 
 # The outputs a tune writes as a set, in the order they are committed: plan.yaml, the file that claims success, last.
-COMMITTED = (LOWER_OPS_NAME, FP32_OPS_NAME, CHECKPOINT_NAME, SHARDED_CHECKPOINT_NAME, REPORT_JSON_NAME, SEARCH_PAGE_NAME, REPORT_MD_NAME,
-             PLAN_NAME)
+COMMITTED = (LOWER_OPS_NAME, FP32_OPS_NAME, CHECKPOINT_NAME, SHARDED_CHECKPOINT_NAME, REPORT_JSON_NAME,
+             SEARCH_PAGE_NAME, REPORT_MD_NAME, PLAN_NAME)
 # Everything a run leaves that makes the folder "hold a run" (refused without resume/overwrite; overwrite removes it).
 OUTPUT_FILES = COMMITTED + (JOURNAL_NAME, INPUTS_NAME)
 

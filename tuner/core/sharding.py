@@ -22,7 +22,6 @@ from torch import nn
 
 from tuner.core.errors import ConfigError
 
-
 try:  # imported once, here: not inside a dispatch mode that asks is_dtensor
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor

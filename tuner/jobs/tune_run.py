@@ -21,8 +21,8 @@ from tuner.core.output_files import JOURNAL_NAME, OUTPUT_FILES, STAGING_NAME
 from tuner.core.sharding import Sharding
 from tuner.core.torch_state import refuse_active_autocast
 from tuner.options.tune import TuneOptions
-from tuner.report.measuring import measure_report
 from tuner.policy.plan import ModelRef
+from tuner.report.measuring import measure_report
 from tuner.report.outcome import TuneReport
 from tuner.report.sharded import save_shards
 from tuner.report.writer import withdraw_plan, write_outputs
@@ -134,7 +134,7 @@ def _finish_sharded(result: TuneResult, keeper: ModelKeeper, folder: OutputFolde
     if folder is not None and manifest is not None:
         made = tempfile.mkdtemp(prefix=f"{STAGING_NAME}-", dir=folder.path)
         manifest.add_staging(Path(made).name)  # a kill from here on leaves it for the next run to remove
-    where = Path(ranks.broadcast(made))
+    where = Path(str(ranks.broadcast(made)))
     try:
         shards = save_shards(keeper.model, report.lowered, where, consolidate=consolidate, main=ranks.is_main)
         ranks.broadcast(None)  # every rank's shards are on disk before rank 0 moves them

@@ -28,6 +28,7 @@ from tuner.core.sharding import is_dtensor, is_fsdp, local_tensor
 from tuner.engine.attach import attach, detach
 from tuner.engine.tracker import ModuleTracker
 from tuner.measure.packed import pack
+from tuner.policy.opnames import is_communication
 from tuner.policy.plan import Plan
 
 # ATen ops that multiply matrices or convolve (the work whose precision a plan decides), fused ones included.
@@ -82,7 +83,7 @@ class _Recorder(TorchDispatchMode):
         name = func.overloadpacket.__name__
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)]
         aliases = {_storage(t) for t in tree_leaves(out) if isinstance(t, Tensor)}
-        for t in tensors:
+        for t in tensors if not is_communication(name) else ():  # FSDP2 gathering a shard is no use of it
             key = _storage(t)
             if key is None or key not in self.params or key in aliases:  # a view of a parameter is no use of it
                 continue
@@ -135,7 +136,8 @@ def _name_gathered(model: nn.Module, params: dict[int, list[str]]) -> list[Any]:
     for path, module in model.named_modules():
         added: list[int] = []
 
-        def enter(mod: nn.Module, _args: Any, prefix: str = f"{path}." if path else "", added: list[int] = added) -> None:
+        def enter(mod: nn.Module, _args: Any, prefix: str = f"{path}." if path else "",
+                  added: list[int] = added) -> None:
             for name, p in mod.named_parameters(recurse=False):
                 key = _storage(p)
                 if key is not None and p.is_floating_point() and key not in params:

@@ -18,7 +18,9 @@ shards into the whole tensors in one process.
 """
 from __future__ import annotations
 
+import hashlib
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,11 +28,11 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from tuner.core.errors import PlanMismatchError
 from tuner.core.fileio import atomic_write
 from tuner.core.fingerprint import tree_sha256
 from tuner.core.output_files import CHECKPOINT_NAME, SHARDED_CHECKPOINT_NAME
 from tuner.core.sharding import Sharding, is_dtensor, local_tensor
-from tuner.report.checkpoint import CheckpointInfo
 
 
 @dataclass(frozen=True)
@@ -38,14 +40,16 @@ class SavedShards:
     """The checkpoint every rank wrote into `folder` (rank 0's): model.dcp/ and, consolidated, model.safetensors."""
 
     folder: Path
-    info: CheckpointInfo
+    lowered: int  # parameters stored in the lower dtype
+    bytes: int  # the DCP folder's size
+    fp32_bytes: int  # the state dict's size with every floating-point tensor in FP32
 
-    def move_into(self, stage: Path) -> tuple[CheckpointInfo, str]:
-        """Move the checkpoint into the writer's `stage`; (its info, its digest for plan.yaml)."""
+    def move_into(self, stage: Path) -> str:
+        """Move the checkpoint into the writer's `stage`; its digest for plan.yaml."""
         for name in (SHARDED_CHECKPOINT_NAME, CHECKPOINT_NAME):
             if (self.folder / name).exists():
                 shutil.move(str(self.folder / name), str(stage / name))
-        return self.info, checkpoint_digest(stage)
+        return checkpoint_digest(stage)
 
 
 def checkpoint_digest(folder: Path) -> str:
@@ -53,21 +57,15 @@ def checkpoint_digest(folder: Path) -> str:
     parts = [tree_sha256(folder / SHARDED_CHECKPOINT_NAME)]
     if (folder / CHECKPOINT_NAME).is_file():
         parts.append(tree_sha256(folder / CHECKPOINT_NAME))
-    return parts[0] if len(parts) == 1 else tree_sha256_of(parts)
+    return parts[0] if len(parts) == 1 else hashlib.sha256(" ".join(parts).encode()).hexdigest()
 
 
-def tree_sha256_of(parts: list[str]) -> str:
-    import hashlib
-
-    return hashlib.sha256(" ".join(parts).encode()).hexdigest()
-
-
-def _lowered_state(model: nn.Module, lowered: dict[str, torch.dtype]) -> dict[str, Tensor]:
+def _lowered_state(model: nn.Module, lowered: Mapping[str, torch.dtype]) -> dict[str, Tensor]:
     return {name: t.detach().to(lowered[name]) if name in lowered else t.detach()
             for name, t in model.state_dict().items() if isinstance(t, Tensor)}
 
 
-def save_shards(model: nn.Module, lowered: dict[str, torch.dtype], folder: Path, *, consolidate: bool,
+def save_shards(model: nn.Module, lowered: Mapping[str, torch.dtype], folder: Path, *, consolidate: bool,
                 main: bool) -> SavedShards:
     """Write the sharded checkpoint into `folder` (collective; see the module docstring). `main`: rank 0."""
     import torch.distributed.checkpoint as dcp
@@ -83,7 +81,7 @@ def save_shards(model: nn.Module, lowered: dict[str, torch.dtype], folder: Path,
             atomic_write(folder / CHECKPOINT_NAME, lambda tmp: save_file(full, tmp, metadata={"format": "pt"}))
         del full
     size = sum(f.stat().st_size for f in (folder / SHARDED_CHECKPOINT_NAME).rglob("*") if f.is_file())
-    return SavedShards(folder, CheckpointInfo(lowered=len(lowered), bytes=size, fp32_bytes=fp32_bytes))
+    return SavedShards(folder, lowered=len(lowered), bytes=size, fp32_bytes=fp32_bytes)
 
 
 def load_shards(model: nn.Module, folder: Path) -> None:
@@ -91,7 +89,11 @@ def load_shards(model: nn.Module, folder: Path) -> None:
     import torch.distributed.checkpoint as dcp
 
     state = model.state_dict()
-    dcp.load(state, checkpoint_id=str(folder / SHARDED_CHECKPOINT_NAME), no_dist=not Sharding.of(model).sharded)
+    try:
+        dcp.load(state, checkpoint_id=str(folder / SHARDED_CHECKPOINT_NAME), no_dist=not Sharding.of(model).sharded)
+    except Exception as exc:  # noqa: BLE001 - DCP's CheckpointException wraps each rank's error
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise PlanMismatchError(f"{folder / SHARDED_CHECKPOINT_NAME} does not load into this model: {first}") from None
     with torch.no_grad():
         for name, t in model.state_dict().items():
             if isinstance(t, Tensor) and name in state and state[name] is not t:

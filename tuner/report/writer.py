@@ -29,7 +29,6 @@ from tuner.core.fingerprint import tree_sha256
 from tuner.core.inputs import ModelInputs
 from tuner.core.output_files import (
     CHECKPOINT_NAME,
-    SHARDED_CHECKPOINT_NAME,
     COMMITTED,
     FP32_OPS_NAME,
     LOWER_OPS_NAME,
@@ -38,10 +37,11 @@ from tuner.core.output_files import (
     REPORT_JSON_NAME,
     REPORT_MD_NAME,
     SEARCH_PAGE_NAME,
+    SHARDED_CHECKPOINT_NAME,
     STAGING_NAME,
 )
 from tuner.policy.presets import write_op_list
-from tuner.report.checkpoint import check_checkpoint, save_checkpoint
+from tuner.report.checkpoint import CheckpointInfo, check_checkpoint, save_checkpoint
 from tuner.report.json_report import report_json
 from tuner.report.markdown import report_markdown
 from tuner.report.oplists import op_lists
@@ -127,7 +127,8 @@ def _write_staged(result: TuneResult, report: TuneReport, stage: Path, out: Path
             write_op_list(stage / name, ops.ops, header=ops.header)
     if shards is not None:
         with _writing(out, SHARDED_CHECKPOINT_NAME):
-            info, digest = shards.move_into(stage)
+            digest = shards.move_into(stage)
+        info = CheckpointInfo(lowered=shards.lowered, bytes=shards.bytes, fp32_bytes=shards.fp32_bytes)
         report = report.written(info, digest, time.monotonic() - t0)
     else:
         report = _write_checkpoint(result, report, stage, out, model=model, t0=t0)

@@ -5,6 +5,7 @@ MPT_TEST_SHARD picks how build_model() shards it over a CPU mesh of every rank
   fsdp   FSDP2: `fully_shard` on every linear and on the root
   tp     tensor parallel: `parallelize_module`, each chain linear column-wise
          with a replicated output, the head row-wise from a replicated input
+  hsdp   FSDP2 over a 2-D mesh (1 x world): mpt refuses it
   (unset) the plain model, in one process or replicated on every rank
 MPT_TEST_RAISE=R:N makes rank R raise at its Nth evaluate() call; MPT_TEST_KILL=R:N kills it there.
 """
@@ -40,6 +41,10 @@ def build_model():
         for lin in [*model.chain, *model.branches, model.head]:
             fully_shard(lin, mesh=mesh, reshard_after_forward=True)
         fully_shard(model, mesh=mesh)
+    elif how == "hsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(model, mesh=init_device_mesh("cpu", (1, dist.get_world_size()), mesh_dim_names=("r", "s")))
     elif how == "tp":
         from torch.distributed.tensor import Replicate
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module

@@ -77,7 +77,12 @@ class Sharding:
     def of(cls, model: nn.Module) -> Sharding:
         """The model's sharding; ConfigError (one line) for a layout mpt cannot run."""
         _refuse_pipeline(model)
-        meshes = {id(t.device_mesh): (n, t.device_mesh) for n, t in _tensors(model) if is_dtensor(t)}  # type: ignore[attr-defined]
+        meshes: dict[tuple, tuple[str, Any]] = {}  # by what a mesh is (its ranks): equal meshes may be two objects
+        for n, t in _tensors(model):
+            if is_dtensor(t):
+                mesh = t.device_mesh  # type: ignore[attr-defined]
+                meshes.setdefault((mesh.device_type, tuple(mesh.mesh.shape), tuple(mesh.mesh.flatten().tolist())),
+                                  (n, mesh))
         if not meshes:
             return cls()
         if len(meshes) > 1:

@@ -1,0 +1,30 @@
+"""Run under torchrun (2 ranks): load each tuned folder into the model sharded as it was tuned, print the metric.
+
+Arguments: RESULTS SHARD:FOLDER ... (SHARD as sharded_model.py's MPT_TEST_SHARD). Each rank writes
+RESULTS.<rank>: one JSON line per folder, {"rank", "folder", "metric", "dtypes"} (the dtypes of the loaded
+model's local shards).
+"""
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).parent))
+import sharded_model  # noqa: E402
+
+import tuner  # noqa: E402
+from tuner.core.sharding import local_tensor  # noqa: E402
+
+dist.init_process_group("gloo")
+found = []
+for arg in sys.argv[2:]:
+    shard, folder = arg.split(":", 1)
+    os.environ["MPT_TEST_SHARD"] = shard
+    model = tuner.load(sharded_model.build_model(), folder)
+    metric = sharded_model.evaluate(model)
+    dtypes = sorted({str(local_tensor(t).dtype) for t in model.state_dict().values()})
+    found.append(json.dumps({"rank": dist.get_rank(), "folder": folder, "metric": metric, "dtypes": dtypes}))
+Path(f"{sys.argv[1]}.{dist.get_rank()}").write_text("\n".join(found) + "\n")
+dist.destroy_process_group()

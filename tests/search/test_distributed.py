@@ -47,11 +47,9 @@ def base_env(**extra: str) -> dict[str, str]:
     return {**env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "MPT_DIST_TIMEOUT": "30", **extra}
 
 
-def torchrun(out: Path, *args: str, timeout: float = 120, model: str = MODEL, latency: bool = False,
-             **env: str) -> subprocess.CompletedProcess:
+def torchrun(out: Path, *args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-           str(free_port()), "-m", "mpt_cli", "tune", model, "--out", str(out),
-           *(() if latency else ("--no-latency",)), *args]
+           str(free_port()), "-m", "mpt_cli", "tune", MODEL, "--out", str(out), "--no-latency", *args]
     return subprocess.run(cmd, cwd=ROOT, env=base_env(**env), capture_output=True, text=True, timeout=timeout)
 
 

@@ -110,9 +110,10 @@ def weights_digest(model: nn.Module) -> str:
     for name, t in model.state_dict(keep_vars=True).items():
         if not isinstance(t, torch.Tensor):
             continue
+        where = ""
         if is_dtensor(t):
-            sharded = t
-        h.update(f"{name} {t.dtype} {tuple(t.shape)} {placements(t)}\n".encode())
+            sharded, where = t, f" {placements(t)}"
+        h.update(f"{name} {t.dtype} {tuple(t.shape)}{where}\n".encode())
         _tensor_bytes(t, h)
     if sharded is None:
         return h.hexdigest()

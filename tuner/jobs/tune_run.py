@@ -129,11 +129,10 @@ def _finish_sharded(result: TuneResult, keeper: ModelKeeper, folder: OutputFolde
         withdraw_plan(folder.path)
     report = measure_report(result, keeper.model, model_ref=ref, device=device, latency=latency,
                             decide=ranks.broadcast)
-    manifest = Manifest(folder.path) if folder is not None else None
     made = None
-    if folder is not None and manifest is not None:
+    if folder is not None:
         made = tempfile.mkdtemp(prefix=f"{STAGING_NAME}-", dir=folder.path)
-        manifest.add_staging(Path(made).name)  # a kill from here on leaves it for the next run to remove
+        Manifest(folder.path).add_staging(Path(made).name)  # a kill from here on leaves it for the next run
     where = Path(str(ranks.broadcast(made)))
     try:
         shards = save_shards(keeper.model, report.lowered, where, consolidate=consolidate, main=ranks.is_main)
@@ -143,7 +142,7 @@ def _finish_sharded(result: TuneResult, keeper: ModelKeeper, folder: OutputFolde
         report = write_outputs(result, report, folder.path, model=keeper.model, shards=shards)
         return TuneRun(result, folder.path, report)
     finally:
-        if manifest is not None:
+        if folder is not None:
             shutil.rmtree(where, ignore_errors=True)
             with contextlib.suppress(OSError):
-                manifest.drop_staging(where.name)
+                Manifest(folder.path).drop_staging(where.name)  # read again: the writer recorded its files

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,8 +90,11 @@ def load_shards(model: nn.Module, folder: Path) -> None:
     import torch.distributed.checkpoint as dcp
 
     state = model.state_dict()
+    alone = not Sharding.of(model).sharded
     try:
-        dcp.load(state, checkpoint_id=str(folder / SHARDED_CHECKPOINT_NAME), no_dist=not Sharding.of(model).sharded)
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(state, checkpoint_id=str(folder / SHARDED_CHECKPOINT_NAME), no_dist=alone)
     except Exception as exc:  # noqa: BLE001 - DCP's CheckpointException wraps each rank's error
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise PlanMismatchError(f"{folder / SHARDED_CHECKPOINT_NAME} does not load into this model: {first}") from None

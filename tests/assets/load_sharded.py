@@ -12,10 +12,10 @@ from pathlib import Path
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
-import sharded_model  # noqa: E402
+import sharded_model
 
-import tuner  # noqa: E402
-from tuner.core.sharding import local_tensor  # noqa: E402
+import tuner
+from tuner.core.sharding import local_tensor
 
 dist.init_process_group("gloo")
 found = []

@@ -100,7 +100,8 @@ def test_sharded_tunes_find_the_unsharded_plan_and_checkpoints_reproduce_the_met
            str(ASSETS / "load_sharded.py"), str(tmp / "loaded"), f"fsdp:{tmp / 'fsdp'}", f"tp:{tmp / 'tp'}"]
     res = subprocess.run(cmd, cwd=ROOT, env=base_env(), capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
-    lines = [json.loads(line) for rank in range(2) for line in Path(f"{tmp / 'loaded'}.{rank}").read_text().splitlines()]
+    lines = [json.loads(line) for rank in range(2)
+             for line in Path(f"{tmp / 'loaded'}.{rank}").read_text().splitlines()]
     assert len(lines) == 4
     for line in lines:
         assert line["metric"] == report(Path(line["folder"]))["final_metric"]

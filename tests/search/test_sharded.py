@@ -97,15 +97,17 @@ def test_sharded_tunes_find_the_unsharded_plan_and_checkpoints_reproduce_the_met
 
     # Sharded, on 2 ranks: each folder into the model sharded as it was tuned.
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
-           str(ASSETS / "load_sharded.py"), str(tmp / "loaded"), f"fsdp:{tmp / 'fsdp'}", f"tp:{tmp / 'tp'}"]
+           str(ASSETS / "load_sharded.py"), str(tmp / "loaded"), f"fsdp:{tmp / 'fsdp'}", f"tp:{tmp / 'tp'}",
+           f"fsdp:{tmp / 'one'}", f"tp:{tmp / 'one'}"]  # and the unsharded run's plan on sharded models
     res = subprocess.run(cmd, cwd=ROOT, env=base_env(), capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     lines = [json.loads(line) for rank in range(2)
              for line in Path(f"{tmp / 'loaded'}.{rank}").read_text().splitlines()]
-    assert len(lines) == 4
+    assert len(lines) == 8
     for line in lines:
         assert line["metric"] == report(Path(line["folder"]))["final_metric"]
-        assert line["dtypes"] == ["torch.float32"]  # DCP widens the lowered values into the FP32 shards
+        assert line["dtypes"] == ["torch.float32"]  # the lowered values widened into the FP32 shards
+        assert line["rounded"] == ["chain.0.weight"]  # loaded: lowered per the plan, the fragile branch FP32
 
 
 def test_a_sharded_run_resumes_from_its_journal(runs, tmp_path):

@@ -32,7 +32,7 @@ from tuner.measure.deployed import NotAsClaimed, stored_as, verify, weight_dtype
 from tuner.measure.flops import MATMUL_OPS, RNN_OPS
 from tuner.measure.shares import ShareCounter, Shares
 from tuner.policy.plan import Plan
-from tuner.report.sharded import checkpoint_digest, load_shards
+from tuner.report.sharded import checkpoint_digest, load_shards, load_whole
 
 
 @dataclass(frozen=True)
@@ -247,7 +247,8 @@ def _load_checkpoint(model: nn.Module, plan: Plan, ckpt: Path) -> None:
     """The checkpoint's weights into `model`, after checking it is the plan's and fits the model.
 
     A sharded run's folder (model.dcp/) loads into a sharded model through DCP, into an unsharded one from
-    its consolidated model.safetensors when it has one, else through DCP too (`tuner.report.sharded`)."""
+    its consolidated model.safetensors when it has one, else through DCP too; an unsharded run's
+    model.safetensors loads into a sharded model slice by slice (`tuner.report.sharded`)."""
     directory = ckpt.parent
     sharded_run = (directory / SHARDED_CHECKPOINT_NAME).is_dir()
     if not ckpt.is_file() and not sharded_run:
@@ -265,6 +266,9 @@ def _load_checkpoint(model: nn.Module, plan: Plan, ckpt: Path) -> None:
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise PlanMismatchError(f"{ckpt} is truncated or corrupted ({str(exc).splitlines()[0]})") from None
     _check_fits(model, plan, directory, tensors)
+    if Sharding.of(model).sharded:
+        load_whole(model, tensors)
+        return
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.data = tensors[name].to(p.device)

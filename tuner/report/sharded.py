@@ -102,3 +102,20 @@ def load_shards(model: nn.Module, folder: Path) -> None:
         for name, t in model.state_dict().items():
             if isinstance(t, Tensor) and name in state and state[name] is not t:
                 local_tensor(t).copy_(local_tensor(state[name]))
+
+
+def load_whole(model: nn.Module, tensors: Mapping[str, Tensor]) -> None:
+    """Whole tensors (an unsharded run's model.safetensors) into a sharded model: each rank copies its own
+    slice into its FP32 shards (every rank reads the same file; no communication)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    with torch.no_grad():
+        for name, t in model.state_dict().items():
+            if not isinstance(t, Tensor) or name not in tensors:
+                continue
+            whole = tensors[name].to(t.dtype)
+            if is_dtensor(t):
+                mine = distribute_tensor(whole, t.device_mesh, t.placements, src_data_rank=None)  # type: ignore[attr-defined]
+                local_tensor(t).copy_(local_tensor(mine))
+            else:
+                t.copy_(whole)

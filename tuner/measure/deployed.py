@@ -56,6 +56,9 @@ class Observation:
     lowered: dict[str, torch.dtype] = field(default_factory=dict)
     gemms: dict[str, set[torch.dtype]] = field(default_factory=dict)
     output: Any = None
+    # parameter name -> each (module path, was it a cast to the lower dtype) it was used by
+    uses: dict[str, frozenset[tuple[str, bool]]] = field(default_factory=dict)
+    foreign: bool = False  # a module ran called by a module that is not its ancestor (a shared module)
 
 
 def _storage(t: Tensor) -> int | None:
@@ -74,8 +77,17 @@ class _Recorder(TorchDispatchMode):
         self.params = params
         self.lower = lower
         self.tracker = tracker
-        self.uses: dict[str, set[str]] = {}  # parameter name -> "cast" / "direct"
+        self.uses: dict[str, set[tuple[str, bool]]] = {}  # parameter name -> (module path, a cast to `lower`?)
         self.gemms: dict[str, set[torch.dtype]] = {}
+        self.foreign = False
+
+    def entered(self, module: nn.Module, path: str) -> None:
+        """The tracker's on_enter: note a module run by one that is not its ancestor (its region is then
+        its caller's, not its own: `tuner.measure.lowering` cannot predict it)."""
+        st = self.tracker.stack
+        caller = st[-1][1] if st else ""
+        if caller not in ("", path) and not path.startswith(caller + "."):
+            self.foreign = True
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -89,7 +101,7 @@ class _Recorder(TorchDispatchMode):
                 continue
             cast = name in _CASTS and isinstance(out, Tensor) and out.dtype == self.lower != t.dtype
             for param in self.params[key]:  # by name: a gathered (FSDP2) parameter's storage is freed after use
-                self.uses.setdefault(param, set()).add("cast" if cast else "direct")
+                self.uses.setdefault(param, set()).add((self.tracker.current_path(), cast))
         if name in GEMMS:
             dtypes = {t.dtype for t in tensors if t.dtype in _FLOATS}
             if dtypes:
@@ -108,8 +120,10 @@ def observe(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> Observ
         key = _storage(p)
         if key is not None and p.is_floating_point():
             params.setdefault(key, []).append(name)
-    tracker = ModuleTracker(model)
+    entered: list[Any] = []
+    tracker = ModuleTracker(model, on_enter=lambda module, path: entered[0](module, path))
     recorder = _Recorder(params, plan.torch_dtype, tracker)
+    entered.append(recorder.entered)
     attach(model, plan)
     tracker.install()
     hooks = _name_gathered(model, params)
@@ -122,8 +136,9 @@ def observe(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> Observ
             hook.remove()
         tracker.remove()
         detach(model)
-    lowered = {name: plan.torch_dtype for name, uses in recorder.uses.items() if uses == {"cast"}}
-    return Observation(lowered, recorder.gemms, output)
+    lowered = {name: plan.torch_dtype for name, found in recorder.uses.items() if all(cast for _, cast in found)}
+    uses = {name: frozenset(found) for name, found in recorder.uses.items()}
+    return Observation(lowered, recorder.gemms, output, uses, recorder.foreign)
 
 
 def _name_gathered(model: nn.Module, params: dict[int, list[str]]) -> list[Any]:

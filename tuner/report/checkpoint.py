@@ -8,8 +8,9 @@ included, stays as it was. Loading never unpickles anything.
 """
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,8 +118,9 @@ def check_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, 
                            f"for bit (an mpt bug): {missing[0]} is missing")
     with stored_as(model, lowered):
         state = model.state_dict()
-        for name, dtype, shape, data in _file_tensors(path):
-            problem = _differs(dtype, shape, data, state[name].detach().cpu()) if name in state else ""
+        for name, dtype, shape, same in _file_tensors(path):
+            problem = _differs(dtype, shape, same, state[name].detach().cpu()) if name in state else \
+                "is in the file, not in the model"
             if problem:
                 raise NotAsClaimed(f"the model loaded from {Path(path).name} does not reproduce the tuned model's "
                                    f"output bit for bit (an mpt bug): {name} {problem}")
@@ -127,29 +129,39 @@ def check_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, 
 _FILE_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
                 "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
                 "BOOL": torch.bool}
+_READ = 1 << 24  # bytes compared at a time
 
 
-def _file_tensors(path: str | Path) -> Iterator[tuple[str, str, tuple[int, ...], Tensor]]:
-    """(name, safetensors dtype, shape, raw bytes) of each tensor in a safetensors file, one at a time."""
+def _file_tensors(path: str | Path) -> Iterator[tuple[str, str, tuple[int, ...], Callable[[Tensor], bool]]]:
+    """(name, safetensors dtype, shape, same) for each tensor in a safetensors file, in file order: `same(t)`
+    reads the tensor's bytes in slices and says whether they are `t`'s."""
     with open(path, "rb") as fh:
         size = int.from_bytes(fh.read(8), "little")
         header = json.loads(fh.read(size))
         header.pop("__metadata__", None)
+        buf = torch.empty(_READ, dtype=torch.uint8)
+
+        def same(begin: int, end: int, t: Tensor) -> bool:
+            flat = t.contiguous().reshape(-1).view(torch.uint8)
+            if flat.numel() != end - begin:
+                return False
+            fh.seek(8 + size + begin)
+            for at in range(0, end - begin, _READ):
+                n = min(_READ, end - begin - at)
+                if fh.readinto(buf[:n].numpy()) != n or not torch.equal(buf[:n], flat[at:at + n]):  # type: ignore[arg-type]
+                    return False
+            return True
+
         for name, info in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
             begin, end = info["data_offsets"]
-            fh.seek(8 + size + begin)
-            data = torch.empty(end - begin, dtype=torch.uint8)
-            if fh.readinto(data.numpy()) != end - begin:  # type: ignore[arg-type]
-                raise NotAsClaimed(f"{Path(path).name} is truncated at {name} (an mpt bug)")
-            yield name, info["dtype"], tuple(info["shape"]), data
+            yield name, info["dtype"], tuple(info["shape"]), functools.partial(same, begin, end)
 
 
-def _differs(dtype: str, shape: tuple[int, ...], data: Tensor, ran: Tensor) -> str:
+def _differs(dtype: str, shape: tuple[int, ...], same: Callable[[Tensor], bool], ran: Tensor) -> str:
     """How the file's tensor differs from the one the trials ran with ("" when it does not)."""
     if _FILE_DTYPES.get(dtype) != ran.dtype or shape != tuple(ran.shape):
         return f"is {dtype} {shape} in the file, {ran.dtype} {tuple(ran.shape)} in the trials"
-    same = ran.numel() == 0 or torch.equal(data, ran.contiguous().reshape(-1).view(torch.uint8))
-    return "" if same else "has other values in the file than in the trials"
+    return "" if ran.numel() == 0 or same(ran) else "has other values in the file than in the trials"
 
 
 def lowered_parameters(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> dict[str, torch.dtype]:
@@ -161,27 +173,31 @@ def save_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, p
                     lowered: Mapping[str, torch.dtype] | None = None) -> CheckpointInfo:
     """Write the converted state dict; returns how many parameters it lowered and its size.
 
-    No copy of the model is made: FP32 tensors are written from the model's
-    own storage (only a non-contiguous tensor, a second name of a tied weight
-    or a tensor off the CPU is copied: safetensors writes from host memory),
-    and only lowered parameters get new, smaller tensors. `lowered` is `plan_pass(...).lowered` when the caller
+    No copy of the model is made: tensors are written from the model's own
+    storage, the lowered ones packed in place as the trials held them
+    (`deployed.stored_as`; only a non-contiguous tensor, a second name of a
+    tied weight, a tensor off the CPU or a parameter that cannot be packed is
+    copied). `lowered` is `plan_pass(...).lowered` when the caller
     already ran that pass; otherwise it runs here.
     """
     if lowered is None:
         lowered = lowered_parameters(model, plan, inputs)
-    tensors: dict[str, Tensor] = {}
-    fp32_bytes = 0
-    spans: dict[tuple[str, int], list[tuple[int, int]]] = {}
-    for name, t in model.state_dict().items():
-        t = t.detach()
-        fp32_bytes += t.numel() * (4 if t.is_floating_point() else t.element_size())
-        if name in lowered:
-            t = t.to(lowered[name])
-        tensors[name] = _unaliased(t.contiguous().cpu(), spans)
-    # one metadata key: safetensors writes its metadata map in a random order, and the checkpoint's bytes (its
-    # sha256 in plan.yaml) must be the same for the same weights. Which tensors were lowered is their dtype.
-    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    fp32_bytes = sum(t.numel() * (4 if t.is_floating_point() else t.element_size())
+                     for t in model.state_dict(keep_vars=True).values())
+    with stored_as(model, lowered):  # the lowered parameters as the trials held them: bf16 packed in place
+        tensors: dict[str, Tensor] = {}
+        spans: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        for name, t in model.state_dict().items():
+            tensors[name] = _unaliased(t.detach().contiguous().cpu(), spans)
+        # one metadata key: safetensors writes its metadata map in a random order, and the checkpoint's bytes
+        # (its sha256 in plan.yaml) must be the same for the same weights. Which tensors were lowered is their dtype.
+        atomic_write(path, functools.partial(_save, tensors))
+        tensors.clear()  # views of packed storages: gone before they are unpacked
     return CheckpointInfo(lowered=len(lowered), bytes=Path(path).stat().st_size, fp32_bytes=fp32_bytes)
+
+
+def _save(tensors: dict[str, Tensor], path: str | Path) -> None:
+    save_file(tensors, str(path), metadata={"format": "pt"})
 
 
 def _unaliased(t: Tensor, spans: dict[tuple[str, int], list[tuple[int, int]]]) -> Tensor:

@@ -29,7 +29,8 @@ from tuner.core.inputs import ModelInputs
 from tuner.core.loader import user_site
 from tuner.core.memory import find_out_of_memory, free_memory, out_of_memory
 from tuner.engine.attach import attach, detach
-from tuner.measure.deployed import stored_as, weight_dtypes
+from tuner.measure.deployed import NotAsClaimed, stored_as, weight_dtypes
+from tuner.measure.lowering import ParameterUses, parameter_uses, predicted_lowered
 from tuner.measure.shares import Shares
 from tuner.policy.plan import Plan
 from tuner.search.distributed import Ranks, SharedJournal
@@ -98,6 +99,9 @@ class Bounds:
             raise ValueError(f"time_budget must be > 0 seconds, not {self.time_budget}")
 
 
+_UNOBSERVED = object()
+
+
 class Evaluator:
     """Runs and counts full evaluations; `trials` lists them in the order they ran (numbered from 1)."""
 
@@ -116,6 +120,7 @@ class Evaluator:
         self.eval_seconds = 0.0
         # the example inputs: they tell which parameters a trial's checkpoint stores lowered (None: none known)
         self.inputs: ModelInputs | None = None
+        self._uses: ParameterUses | None | object = _UNOBSERVED  # for `lowered`'s prediction
 
     def baseline(self) -> Trial:
         """One more run of the FP32 model as built. Not bounded; an evaluate that raises or gives no finite
@@ -212,13 +217,38 @@ class Evaluator:
         if plan is None:
             yield model
             return
-        lowered = weight_dtypes(model, plan, self.inputs) if self.inputs is not None else {}
+        lowered = self.lowered(model, plan)
         with stored_as(model, lowered):
             attach(model, plan)  # the path tuner.load runs: what the search approves, deploys
             try:
                 yield model
             finally:
                 detach(model)
+
+    def lowered(self, model: nn.Module, plan: Plan) -> dict[str, torch.dtype]:
+        """The parameters `plan`'s checkpoint stores lowered: predicted from one observation where the regions
+        allow (`tuner.measure.lowering`), else observed with a forward on the example inputs."""
+        if self.inputs is None:
+            return {}
+        if self._uses is _UNOBSERVED:
+            self._uses = parameter_uses(model, plan, self.inputs)
+        uses = self._uses
+        predicted = predicted_lowered(model, uses, plan) if isinstance(uses, ParameterUses) else None
+        return weight_dtypes(model, plan, self.inputs) if predicted is None else predicted
+
+    def confirm_lowered(self, model: nn.Module, plan: Plan) -> None:
+        """NotAsClaimed unless a forward of `plan` lowers the parameters the trials were told it lowers (the
+        check of the prediction on the plan that gets reported)."""
+        if self.inputs is None or not isinstance(self._uses, ParameterUses):
+            return
+        predicted = predicted_lowered(model, self._uses, plan)
+        if predicted is None:
+            return
+        seen = weight_dtypes(model, plan, self.inputs)
+        if seen != predicted:
+            wrong = sorted(set(seen).symmetric_difference(predicted))
+            raise NotAsClaimed(f"the trials held {len(wrong)} parameter(s) in another dtype than the plan stores "
+                               f"them (an mpt bug): {', '.join(wrong[:5])}")
 
     def _record(self, trial: Trial) -> Trial:
         self.evals += 1

@@ -270,6 +270,9 @@ class TuneSession:
         status = TuneStatus.MET if chosen_n is not None else TuneStatus.NOT_MET
         opts, ev = self.options, self.evaluator
         candidates = list(found.instances) if found else []
+        if chosen_n is not None and found is not None and stopped is not StopReason.INTERRUPTED:
+            with self.keeper.borrowed() as model:  # the trials' predicted weight dtypes, proven on this plan
+                ev.confirm_lowered(model, plan_for(opts, found.fp32_modules, fp32))
         plan = plan_for(opts, found.fp32_modules if found else {}, fp32,
                         metrics={"baseline": base.value, "tuned": metric, "target": accept.target,
                                  "tolerance": opts.tolerance, "absolute": opts.absolute,

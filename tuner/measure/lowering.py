@@ -1,0 +1,75 @@
+"""Which parameters a plan stores lowered, predicted without running the model again.
+
+Every trial holds lowered the parameters its checkpoint would store lowered (`deployed.stored_as`): those
+every use of which is a cast to the lower dtype under that plan (`deployed.observe`). Running a forward per
+trial to find them costs a forward on the example inputs per evaluation. On the native path the answer
+follows from one observation of the plan without its FP32 op instances: torch.autocast casts a parameter to
+the lower dtype for a lower-list op whatever the op's other inputs are, and never in an FP32 region. So a
+parameter is lowered under a plan exactly when all its uses in that observation were casts and each was
+made by a module whose region the plan leaves low (`tuner.engine.native`: FP32 islands and subtrees).
+
+The prediction stands only where a module's region is its own: a module run by a module that is not its
+ancestor (a shared module called from elsewhere) runs in its caller's region, so an observation that saw
+one, a plan not on the native path, or one with other module overrides than the observed plan gets None
+and the caller observes instead. The session checks the
+prediction against a real observation of the final plan before it reports it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from tuner.core.inputs import ModelInputs
+from tuner.engine import native
+from tuner.engine.attach import native_device, resolve
+from tuner.measure.deployed import observe
+from tuner.policy.plan import Plan
+
+
+@dataclass(frozen=True)
+class ParameterUses:
+    """Each parameter's uses in the deployed forward of a plan with no FP32 op instances: (module path,
+    cast?); `modules` are that plan's module overrides (modules torch.autocast cannot run low, kept FP32 in
+    every trial), which a plan must share for the prediction to hold."""
+
+    uses: dict[str, frozenset[tuple[str, bool]]]
+    modules: tuple[tuple[str, str], ...]
+
+
+def parameter_uses(model: nn.Module, plan: Plan, inputs: ModelInputs) -> ParameterUses | None:
+    """One observation of `plan` without its FP32 op instances; None when its regions would not predict
+    (see above)."""
+    bare = dataclasses.replace(plan, fp32_instances=())
+    if _execution(model, bare) is None:
+        return None
+    seen = observe(model, bare, inputs)
+    return None if seen.foreign else ParameterUses(seen.uses, tuple(plan.modules))
+
+
+def predicted_lowered(model: nn.Module, uses: ParameterUses, plan: Plan) -> dict[str, torch.dtype] | None:
+    """The parameters `plan` stores lowered, from `uses`; None when the plan is not on the native path or
+    overrides other modules than the observed one."""
+    if tuple(plan.modules) != uses.modules:
+        return None
+    execution = _execution(model, plan)
+    if execution is None or execution.dtype is None:
+        return None
+    islands, subtrees = set(execution.fp32_islands), set(execution.fp32_subtrees)
+
+    def low(path: str) -> bool:
+        return path not in islands and not any(path == s or s == "" or path.startswith(s + ".") for s in subtrees)
+
+    return {name: execution.dtype for name, found in uses.uses.items()
+            if found and all(cast and low(path) for path, cast in found)}
+
+
+def _execution(model: nn.Module, plan: Plan) -> native.Execution | None:
+    pol, lower, mods, instances = resolve(plan)
+    device = native_device(pol)
+    if device is None:
+        return None
+    realized = native.realize(model, device.value, lower, mods, instances)
+    return realized if isinstance(realized, native.Execution) else None

@@ -173,7 +173,8 @@ def _tune(opts: Any, render: _Renderer, started: float) -> tuple[Any, Any]:
                       device=opts.device, folder=Path(opts.out) if ranks.is_main else None)
     render.working("building the model and evaluating the FP32 baseline ...")
     run = tune_into_folder(user, opts.tune_options(), opts.out, resume=opts.resume, overwrite=opts.overwrite,
-                           specs=opts.specs(), on_event=render, started=started, latency=opts.latency, ranks=ranks)
+                           specs=opts.specs(), on_event=render, started=started, latency=opts.latency, ranks=ranks,
+                           consolidate=opts.consolidate)
     return run, ranks
 
 

@@ -90,6 +90,9 @@ def test_mpts_own_outputs_are_listed_with_their_digests_and_replaced_by_either_f
     assert tune(runner, out).exit_code == exitcodes.OK
     manifest = json.loads((out / MANIFEST_NAME).read_text())
     for name in COMMITTED:
+        if name == "model.dcp":  # a sharded model's checkpoint (tests/search/test_sharded.py)
+            assert name not in manifest["files"] and not (out / name).exists()
+            continue
         assert manifest["files"][name] == {"sha256": sha256_file(out / name)}
     assert "head_sha256" in manifest["files"]["journal.jsonl"] and manifest["staging"] == []
     for flags in (("--resume",), ("--overwrite",)):
@@ -135,3 +138,23 @@ def test_a_staging_folder_left_by_a_kill_during_the_commit_is_removed_by_the_nex
     assert res.exit_code == exitcodes.OK, res.output
     assert not [p for p in out.iterdir() if p.name.startswith(STAGING_NAME)]
     assert json.loads((out / MANIFEST_NAME).read_text())["staging"] == []
+
+
+def test_a_folder_mpt_wrote_is_its_own_until_a_file_in_it_changes(tmp_path):
+    """A sharded checkpoint (model.dcp/) is a folder: owned by its tree digest, removed whole."""
+    from tuner.core.fingerprint import tree_sha256
+    from tuner.workspace.manifest import Manifest
+
+    folder = tmp_path / "model.dcp"
+    folder.mkdir()
+    (folder / ".metadata").write_text("m")
+    manifest = Manifest(tmp_path)
+    assert not manifest.owns("model.dcp")  # not recorded: the user's
+    manifest.wrote({"model.dcp": tree_sha256(folder)})
+    assert Manifest(tmp_path).owns("model.dcp")
+    (folder / "extra.distcp").write_text("x")
+    assert not Manifest(tmp_path).owns("model.dcp")
+    (folder / "extra.distcp").unlink()
+    manifest = Manifest(tmp_path)
+    manifest.remove("model.dcp")
+    assert not folder.exists() and "model.dcp" not in Manifest(tmp_path).files

@@ -28,6 +28,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from tuner.core.sharding import class_name, is_dtensor, local_tensor, placements
+
 _CHUNK = 1 << 24  # bytes copied from a non-CPU device at a time
 _BLOCK = 1 << 13  # 64-bit words per block of the checksum: a change that moves data between blocks shows
 _MASK = (1 << 64) - 1
@@ -38,6 +40,18 @@ def sha256_file(path: str | Path) -> str:
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
+    return h.hexdigest()
+
+
+def tree_sha256(path: str | Path) -> str:
+    """sha256 of a file, or of a folder's files (their relative names and sha256s, sorted): a sharded
+    checkpoint is a folder of files, one or more per rank."""
+    root = Path(path)
+    if not root.is_dir():
+        return sha256_file(root)
+    h = hashlib.sha256()
+    for file in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(f"{file.relative_to(root).as_posix()} {sha256_file(file)}\n".encode())
     return h.hexdigest()
 
 
@@ -68,7 +82,7 @@ def file_digests(paths: Iterable[str | Path], *, base: str | Path) -> dict[str, 
 def structure_digest(model: nn.Module) -> str:
     h = hashlib.sha256()
     for name, module in model.named_modules():
-        h.update(f"m {name} {type(module).__qualname__}\n".encode())
+        h.update(f"m {name} {class_name(module)}\n".encode())
     for name, t in model.state_dict(keep_vars=True).items():
         h.update(f"t {name} {tuple(t.shape)}\n".encode())
     return h.hexdigest()
@@ -79,7 +93,7 @@ def _tensor_bytes(t: torch.Tensor, h: hashlib._Hash) -> None:
     if t.device.type == "meta":
         h.update(b"meta")
         return
-    t = _local(t)
+    t = local_tensor(t)
     flat = t.contiguous().reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
     if flat.device.type == "cpu":
         h.update(flat.numpy().data)
@@ -89,19 +103,25 @@ def _tensor_bytes(t: torch.Tensor, h: hashlib._Hash) -> None:
 
 
 def weights_digest(model: nn.Module) -> str:
+    """sha256 of the state dict. A sharded model's is every rank's digest of its own shards (with their
+    placements) combined over the mesh, in rank order: a collective, the same value on every rank."""
     h = hashlib.sha256()
+    sharded = None
     for name, t in model.state_dict(keep_vars=True).items():
         if not isinstance(t, torch.Tensor):
             continue
-        h.update(f"{name} {t.dtype} {tuple(t.shape)}\n".encode())
+        where = ""
+        if is_dtensor(t):
+            sharded, where = t, f" {placements(t)}"
+        h.update(f"{name} {t.dtype} {tuple(t.shape)}{where}\n".encode())
         _tensor_bytes(t, h)
-    return h.hexdigest()
+    if sharded is None:
+        return h.hexdigest()
+    import torch.distributed as dist
 
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's own data: a DTensor's local shard (numpy cannot read a tensor subclass)."""
-    to_local = getattr(t, "to_local", None)
-    return to_local() if callable(to_local) else t
+    found: list[str | None] = [None] * sharded.device_mesh.size()  # type: ignore[attr-defined]
+    dist.all_gather_object(found, h.hexdigest(), group=sharded.device_mesh.get_group())  # type: ignore[attr-defined]
+    return hashlib.sha256(" ".join(str(d) for d in found).encode()).hexdigest()
 
 
 def _words_checksum(words: np.ndarray) -> int:
@@ -115,7 +135,7 @@ def _words_checksum(words: np.ndarray) -> int:
 
 
 def _tensor_checksum(t: torch.Tensor) -> int:
-    t = _local(t.detach())
+    t = local_tensor(t.detach())
     if t.device.type == "meta" or t.numel() == 0:
         return 0
     flat = t.contiguous().reshape(-1).view(torch.uint8)
@@ -145,7 +165,8 @@ def _object_graph(model: nn.Module) -> tuple:
                       len(module._forward_hooks), len(module._forward_pre_hooks)))
     for name, t in model.state_dict(keep_vars=True).items():
         if isinstance(t, torch.Tensor):
-            items.append((name, id(t), t.data_ptr() if t.device.type != "meta" else 0, t._version,
+            own = local_tensor(t)
+            items.append((name, id(t), own.data_ptr() if t.device.type != "meta" else 0, own._version,
                           t.dtype, tuple(t.shape), t.device, t.requires_grad))
     return tuple(items)
 

@@ -10,6 +10,7 @@ PLAN_NAME = "plan.yaml"
 LOWER_OPS_NAME = "lower_precision_ops.txt"
 FP32_OPS_NAME = "fp32_ops.txt"
 CHECKPOINT_NAME = "model.safetensors"
+SHARDED_CHECKPOINT_NAME = "model.dcp"  # a sharded model's checkpoint: a torch.distributed.checkpoint folder
 REPORT_JSON_NAME = "report.json"
 SEARCH_PAGE_NAME = "search.html"
 REPORT_MD_NAME = "report.md"
@@ -22,8 +23,8 @@ MANIFEST_NAME = ".mpt-manifest.json"  # what mpt wrote into the folder, with dig
 GITIGNORE_NAME = ".gitignore"  # written when a run claims the folder, unless one mpt did not write is there
 
 # The outputs a tune writes as a set, in the order they are committed: plan.yaml, the file that claims success, last.
-COMMITTED = (LOWER_OPS_NAME, FP32_OPS_NAME, CHECKPOINT_NAME, REPORT_JSON_NAME, SEARCH_PAGE_NAME, REPORT_MD_NAME,
-             PLAN_NAME)
+COMMITTED = (LOWER_OPS_NAME, FP32_OPS_NAME, CHECKPOINT_NAME, SHARDED_CHECKPOINT_NAME, REPORT_JSON_NAME,
+             SEARCH_PAGE_NAME, REPORT_MD_NAME, PLAN_NAME)
 # Everything a run leaves that makes the folder "hold a run" (refused without resume/overwrite; overwrite removes it).
 OUTPUT_FILES = COMMITTED + (JOURNAL_NAME, INPUTS_NAME, REFERENCE_NAME)
 
@@ -32,7 +33,7 @@ OUTPUT_FILES = COMMITTED + (JOURNAL_NAME, INPUTS_NAME, REFERENCE_NAME)
 # change on every run (report.md, search.html: a CI job posts or uploads them). Left for git: plan.yaml, the op lists
 # and report.json. It ignores itself too (as pytest's cache folder does); a user's edit makes it theirs: mpt keeps it.
 NOT_FOR_GIT = (GITIGNORE_NAME, LOCK_NAME, MANIFEST_NAME, STAGING_NAME + "-*", JOURNAL_NAME, INPUTS_NAME, REFERENCE_NAME,
-               CHECKPOINT_NAME, REPORT_MD_NAME, SEARCH_PAGE_NAME)
+               CHECKPOINT_NAME, SHARDED_CHECKPOINT_NAME, REPORT_MD_NAME, SEARCH_PAGE_NAME)
 GITIGNORE_TEXT = ("# written by mpt tune: the files of this folder not meant for git; commit plan.yaml, the op lists\n"
                   "# and report.json (mpt never replaces a .gitignore it did not write)\n" +
                   "".join(f"{name}\n" for name in NOT_FOR_GIT))

@@ -6,6 +6,8 @@ the returned `TuneRun`.
 from __future__ import annotations
 
 import contextlib
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -15,12 +17,15 @@ from tuner.core.devices import check_device
 from tuner.core.errors import Interrupted
 from tuner.core.fingerprint import file_digests, source_digest
 from tuner.core.loader import UserModel
-from tuner.core.output_files import JOURNAL_NAME, OUTPUT_FILES
+from tuner.core.output_files import JOURNAL_NAME, OUTPUT_FILES, STAGING_NAME
+from tuner.core.sharding import Sharding
 from tuner.core.torch_state import refuse_active_autocast
 from tuner.jobs.prepare import FIDELITY_KEYS
 from tuner.options.tune import TuneOptions
+from tuner.policy.plan import ModelRef
 from tuner.report.measuring import measure_report
 from tuner.report.outcome import TuneReport
+from tuner.report.sharded import save_shards
 from tuner.report.writer import withdraw_plan, write_outputs
 from tuner.search.distributed import Ranks, SharedJournal
 from tuner.search.results import StopReason, TuneEvent, TuneResult, TuneStatus
@@ -28,6 +33,7 @@ from tuner.search.session import TuneSession
 from tuner.workspace.folder import OutputFolder
 from tuner.workspace.journal import Journal, RunFingerprint
 from tuner.workspace.keeper import ModelKeeper
+from tuner.workspace.manifest import Manifest
 from tuner.workspace.modelref import model_ref_for
 
 
@@ -47,7 +53,8 @@ class TuneRun:
 def tune_into_folder(user: UserModel, options: TuneOptions, out: str | Path, *, resume: bool = False,
                      overwrite: bool = False, specs: Mapping[str, str | None] | None = None,
                      on_event: Callable[[TuneEvent], None] | None = None,
-                     started: float | None = None, latency: bool = True, ranks: Ranks | None = None) -> TuneRun:
+                     started: float | None = None, latency: bool = True, ranks: Ranks | None = None,
+                     consolidate: bool = False) -> TuneRun:
     """Tune `user`'s model and write the outputs into `out`, which no other run may use meanwhile.
 
     `specs` are the build/eval/inputs names the user gave (recorded in the
@@ -60,7 +67,9 @@ def tune_into_folder(user: UserModel, options: TuneOptions, out: str | Path, *, 
     runs the same search, and rank 0 alone claims `out`, keeps the journal and writes the outputs (its
     checkpoint and latency come from its own replica of the model); the other ranks return with no report.
     An interrupt on any rank raises Interrupted on it, with nothing written: the journal keeps the finished
-    evaluations for `resume`.
+    evaluations for `resume`. A sharded model (FSDP2, tensor parallel: `tuner.core.sharding`) is measured by
+    every rank together and its checkpoint written by every rank (`tuner.report.sharded`; `consolidate`: also
+    one whole model.safetensors).
     """
     ranks = ranks or Ranks()
     started = time.monotonic() if started is None else started
@@ -73,6 +82,7 @@ def tune_into_folder(user: UserModel, options: TuneOptions, out: str | Path, *, 
         t0 = time.monotonic()
         keeper = ModelKeeper(user.build, options.device, start=start_state)
         build_seconds = time.monotonic() - t0
+        sharding = Sharding.of(keeper.model)  # a layout mpt cannot run is refused before anything runs
         files = user.files or (user.path,)
         source = source_digest(files)
         ranks.same_model(source, keeper.weights_digest)  # under torchrun: every rank tunes rank 0's model
@@ -91,14 +101,52 @@ def tune_into_folder(user: UserModel, options: TuneOptions, out: str | Path, *, 
             result.warnings.append(speed_warning)
         if result.stopped is StopReason.INTERRUPTED and ranks.distributed:
             raise Interrupted()  # the other ranks may be anywhere: stop them all (journal kept)
+        if sharding.sharded and not (result.stopped is StopReason.INTERRUPTED and result.status is not TuneStatus.MET):
+            return _finish_sharded(result, keeper, folder, path, ranks, user=user, specs=specs, options=options,
+                                   latency=latency, consolidate=consolidate)
         if (result.stopped is StopReason.INTERRUPTED and result.status is not TuneStatus.MET) or folder is None:
             return TuneRun(result, path, None)
-        given = dict(specs or {})
-        fidelity = {k: getattr(options, k) for k in FIDELITY_KEYS} if options.metric is not None else None
-        ref = model_ref_for(user, folder.path, build=given.get("build"), eval=given.get("eval"),
-                            inputs=given.get("inputs"), model=keeper.model, weights=keeper.weights_digest,
-                            fidelity=fidelity)
+        ref = _model_ref(user, folder, keeper, specs, options)
         withdraw_plan(folder.path)  # an interrupt while measuring leaves no plan.yaml, as one while writing
         report = measure_report(result, keeper.model, model_ref=ref, device=options.device, latency=latency)
         report = write_outputs(result, report, folder.path, model=keeper.model)
         return TuneRun(result, folder.path, report)
+
+
+def _model_ref(user: UserModel, folder: OutputFolder, keeper: ModelKeeper, specs: Mapping[str, str | None] | None,
+               options: TuneOptions) -> ModelRef:
+    """The plan's record of the model it was made for (with a built-in metric's settings, so check recomputes it)."""
+    given = dict(specs or {})
+    fidelity = {k: getattr(options, k) for k in FIDELITY_KEYS} if options.metric is not None else None
+    return model_ref_for(user, folder.path, build=given.get("build"), eval=given.get("eval"),
+                         inputs=given.get("inputs"), model=keeper.model, weights=keeper.weights_digest,
+                         fidelity=fidelity)
+
+
+def _finish_sharded(result: TuneResult, keeper: ModelKeeper, folder: OutputFolder | None, path: Path, ranks: Ranks, *,
+                    user: UserModel, specs: Mapping[str, str | None] | None, options: TuneOptions,
+                    latency: bool, consolidate: bool) -> TuneRun:
+    """A sharded model's outputs: every rank runs the measuring forwards and writes its shards of the
+    checkpoint into a folder rank 0 made; rank 0 then commits them with the other outputs."""
+    ref = _model_ref(user, folder, keeper, specs, options) if folder is not None else None
+    if folder is not None:
+        withdraw_plan(folder.path)
+    report = measure_report(result, keeper.model, model_ref=ref, device=options.device, latency=latency,
+                            decide=ranks.broadcast)
+    made = None
+    if folder is not None:
+        made = tempfile.mkdtemp(prefix=f"{STAGING_NAME}-", dir=folder.path)
+        Manifest(folder.path).add_staging(Path(made).name)  # a kill from here on leaves it for the next run
+    where = Path(str(ranks.broadcast(made)))
+    try:
+        shards = save_shards(keeper.model, report.lowered, where, consolidate=consolidate, main=ranks.is_main)
+        ranks.broadcast(None)  # every rank's shards are on disk before rank 0 moves them
+        if folder is None:
+            return TuneRun(result, path, None)
+        report = write_outputs(result, report, folder.path, model=keeper.model, shards=shards)
+        return TuneRun(result, folder.path, report)
+    finally:
+        if folder is not None:
+            shutil.rmtree(where, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                Manifest(folder.path).drop_staging(where.name)  # read again: the writer recorded its files

@@ -24,9 +24,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from tuner.core.inputs import ModelInputs
+from tuner.core.sharding import is_dtensor, is_fsdp, local_tensor
 from tuner.engine.attach import attach, detach
 from tuner.engine.tracker import ModuleTracker
 from tuner.measure.packed import pack
+from tuner.policy.opnames import is_communication
 from tuner.policy.plan import Plan
 
 # ATen ops that multiply matrices or convolve (the work whose precision a plan decides), fused ones included.
@@ -60,6 +62,7 @@ class Observation:
 
 
 def _storage(t: Tensor) -> int | None:
+    t = local_tensor(t)  # a DTensor (tensor parallel) is used through its local shard
     try:
         return t.untyped_storage().data_ptr() if t.layout is torch.strided and t.device.type != "meta" else None
     except (RuntimeError, NotImplementedError):  # tensors with no storage (subclasses, functional wrappers)
@@ -69,12 +72,12 @@ def _storage(t: Tensor) -> int | None:
 class _Recorder(TorchDispatchMode):
     """Parameter uses (by storage, so views and tied weights count as their parameter) and GEMM dtypes."""
 
-    def __init__(self, params: Mapping[int, list[str]], lower: torch.dtype, tracker: ModuleTracker) -> None:
+    def __init__(self, params: dict[int, list[str]], lower: torch.dtype, tracker: ModuleTracker) -> None:
         super().__init__()
         self.params = params
         self.lower = lower
         self.tracker = tracker
-        self.uses: dict[int, set[tuple[str, bool]]] = {}  # storage -> (module path, a cast to `lower`?)
+        self.uses: dict[str, set[tuple[str, bool]]] = {}  # parameter name -> (module path, a cast to `lower`?)
         self.gemms: dict[str, set[torch.dtype]] = {}
         self.foreign = False
 
@@ -92,12 +95,13 @@ class _Recorder(TorchDispatchMode):
         name = func.overloadpacket.__name__
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)]
         aliases = {_storage(t) for t in tree_leaves(out) if isinstance(t, Tensor)}
-        for t in tensors:
+        for t in tensors if not is_communication(name) else ():  # FSDP2 gathering a shard is no use of it
             key = _storage(t)
             if key is None or key not in self.params or key in aliases:  # a view of a parameter is no use of it
                 continue
             cast = name in _CASTS and isinstance(out, Tensor) and out.dtype == self.lower != t.dtype
-            self.uses.setdefault(key, set()).add((self.tracker.current_path(), cast))
+            for param in self.params[key]:  # by name: a gathered (FSDP2) parameter's storage is freed after use
+                self.uses.setdefault(param, set()).add((self.tracker.current_path(), cast))
         if name in GEMMS:
             dtypes = {t.dtype for t in tensors if t.dtype in _FLOATS}
             if dtypes:
@@ -122,17 +126,45 @@ def observe(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> Observ
     entered.append(recorder.entered)
     attach(model, plan)
     tracker.install()
+    hooks = _name_gathered(model, params)
     try:
         with torch.no_grad(), torch.random.fork_rng(), recorder:
             torch.manual_seed(0)  # a forward that draws random numbers draws the same ones every time
             output = inputs.call(model)
     finally:
+        for hook in hooks:
+            hook.remove()
         tracker.remove()
         detach(model)
-    lowered = {name: plan.torch_dtype for key, uses in recorder.uses.items() if all(cast for _, cast in uses)
-               for name in params[key]}
-    uses = {name: frozenset(found) for key, found in recorder.uses.items() for name in params[key]}
+    lowered = {name: plan.torch_dtype for name, found in recorder.uses.items() if all(cast for _, cast in found)}
+    uses = {name: frozenset(found) for name, found in recorder.uses.items()}
     return Observation(lowered, recorder.gemms, output, uses, recorder.foreign)
+
+
+def _name_gathered(model: nn.Module, params: dict[int, list[str]]) -> list[Any]:
+    """Under FSDP2 a module's forward uses parameters gathered whole for it, in storage of their own: name
+    them (by each module's own parameter names) while that module runs, so their uses count for the
+    parameter they are. Hooks that the caller removes; none for a model without FSDP2."""
+    if not is_fsdp(model):
+        return []
+    hooks = []
+    for path, module in model.named_modules():
+        added: list[int] = []
+
+        def enter(mod: nn.Module, _args: Any, prefix: str = f"{path}." if path else "",
+                  added: list[int] = added) -> None:
+            for name, p in mod.named_parameters(recurse=False):
+                key = _storage(p)
+                if key is not None and p.is_floating_point() and key not in params:
+                    params[key] = [prefix + name]
+                    added.append(key)
+
+        def leave(_mod: nn.Module, _args: Any, _out: Any, added: list[int] = added) -> None:
+            while added:  # the gathered storage is freed after the forward: another tensor may get its address
+                params.pop(added.pop(), None)
+
+        hooks += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
+    return hooks
 
 
 def gemm_mismatches(ran: Mapping[str, set[torch.dtype]], claimed: Mapping[str, set[torch.dtype]],
@@ -179,13 +211,15 @@ def stored_as(model: nn.Module, dtypes: Mapping[str, torch.dtype]) -> Iterator[n
 
     A bf16 parameter is packed into its own storage where it can be (`tuner.measure.packed`: no second
     copy, the FP32 bits rebuilt exactly afterwards); any other is held lowered in a new tensor, its FP32
-    tensor kept aside."""
+    tensor kept aside. A sharded model's parameters (DTensors) stay FP32: FSDP2 gathers from its own copy of
+    the shards, and a bf16 value widened to FP32 and cast back is the same bf16, so the trials compute what the
+    checkpoint (lowered, loaded into FP32 shards) computes."""
     kept: dict[str, Tensor] = {}
     undo: list[Callable[[], None]] = []
     try:
         with torch.no_grad():
             for name, p in model.named_parameters():
-                if name in dtypes and p.dtype != dtypes[name]:
+                if name in dtypes and p.dtype != dtypes[name] and not is_dtensor(p):
                     packed = pack(p, dtypes[name])
                     if packed is not None:
                         undo.append(packed)

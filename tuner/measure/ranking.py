@@ -62,7 +62,7 @@ from torch import Tensor, nn
 from tuner.core.inputs import ModelInputs, detached_copy, float_leaves, tensor_leaves
 from tuner.engine.function_mode import Decision, PrecisionEngine
 from tuner.measure.inspection import relative_error
-from tuner.policy.opnames import DROPOUT_OPS, NEUTRAL_OPS, is_neutral
+from tuner.policy.opnames import DROPOUT_OPS, NEUTRAL_OPS, is_communication, is_neutral
 from tuner.policy.plan import OpInstance
 from tuner.policy.presets import Policy
 from tuner.policy.rules import Rule
@@ -252,7 +252,8 @@ class _Shadow:
                  raw_args: tuple, raw_kwargs: dict) -> Any:
         cand = self.wanted.get((d.module, d.op, d.index))
         if cand is None:
-            if (d.op in NEUTRAL_OPS or d.op in DROPOUT_OPS) and is_neutral(d.op, raw_args, raw_kwargs):
+            if (d.op in NEUTRAL_OPS or d.op in DROPOUT_OPS or is_communication(d.op)) \
+                    and is_neutral(d.op, raw_args, raw_kwargs):
                 floats = [t for t in _arg_tensors(raw_args, raw_kwargs) if t.is_floating_point()]
                 if floats and all(t in self.marks for t in floats):
                     self._mark(out)

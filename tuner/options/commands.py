@@ -49,6 +49,10 @@ class TuneCommandOptions(TuneOptions):
     latency: bool = option(True, "Time the tuned model against FP32 on the example inputs after the search "
                            "(report.json latency_ms); --no-latency skips it (latency_ms: null, no slower-than-FP32 "
                            "warning).", Kind.BOOL, negatable=True, after="thorough")
+    consolidate: bool = option(False, "A sharded model (FSDP2, tensor parallel) under torchrun: also write the whole "
+                               "checkpoint as one model.safetensors beside the sharded model.dcp/, so tuner.load "
+                               "loads it into the unsharded model (gathers each full tensor once).", Kind.BOOL,
+                               after="latency")
     quiet: bool = option(False, "Only the final verdict.", Kind.BOOL, short="-q")
     build: str | None = build_option()
     eval: str | None = eval_option()

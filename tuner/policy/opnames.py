@@ -169,6 +169,27 @@ NEUTRAL_OPS: frozenset[str] = frozenset(
     adaptive_max_pool1d adaptive_max_pool2d adaptive_max_pool3d""".split()
 )
 
+# torch.distributed's communication, as a sharded model's forward calls it (DTensor redistributions, tensor
+# parallel's all-reduces, FSDP2's all-gathers, functional collectives and their waits): they move values between
+# ranks, and their precision is the tensors' they are given. Never tuning candidates (keeping one in FP32 would
+# keep nothing of the model's compute there); the ranking passes a producer's rounding through them.
+COMMUNICATION_OPS: frozenset[str] = frozenset(
+    """all_reduce all_reduce_coalesced all_gather all_gather_into_tensor all_gather_into_tensor_coalesced
+    all_gather_object reduce_scatter reduce_scatter_tensor reduce_scatter_tensor_coalesced all_to_all
+    all_to_all_single broadcast reduce scatter gather_object wait_tensor _wrap_tensor_autograd redistribute
+    from_local to_local full_tensor _allgather_base _reduce_scatter_base all_gather_copy_in
+    split_with_sizes_copy chunk_cat send recv isend irecv barrier""".split()
+)
+
+
+def is_communication(op: str) -> bool:
+    """A collective or DTensor redistribution (COMMUNICATION_OPS), by its name with any overload
+    (`_wrap_tensor_autograd.default`) or namespace (`_c10d_functional.all_reduce`) left off."""
+    base = op.split(".")
+    name = base[1] if len(base) > 1 and base[0].startswith("_c10d") else base[0]
+    return name.rstrip("_") in COMMUNICATION_OPS or name in COMMUNICATION_OPS
+
+
 # Identity when not training (`nn.Dropout` in eval calls F.dropout(x, p, False, inplace), which the engine
 # sees as torch.dropout(x, p, False); Dropout1d/2d/3d as feature_dropout).
 DROPOUT_OPS: frozenset[str] = frozenset(
@@ -182,7 +203,7 @@ def is_neutral(op: str, args: tuple = (), kwargs: dict | None = None) -> bool:
 
     It says nothing about casts: an op in a lower list that receives an FP32 tensor still rounds it
     (`Decision.casts > 0`), which is that call's own doing."""
-    if op in NEUTRAL_OPS:
+    if op in NEUTRAL_OPS or is_communication(op):
         return True
     if op in DROPOUT_OPS:
         kwargs = kwargs or {}

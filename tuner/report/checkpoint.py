@@ -24,7 +24,8 @@ from tuner.core.errors import ConfigError, PlanMismatchError
 from tuner.core.fileio import atomic_write
 from tuner.core.fingerprint import sha256_file
 from tuner.core.inputs import ModelInputs
-from tuner.core.output_files import CHECKPOINT_NAME, PLAN_NAME
+from tuner.core.output_files import CHECKPOINT_NAME, PLAN_NAME, SHARDED_CHECKPOINT_NAME
+from tuner.core.sharding import Sharding
 from tuner.engine.attach import attach, check_plan_fits
 from tuner.engine.function_mode import Decision, PrecisionEngine
 from tuner.engine.kind import EngineKind
@@ -32,6 +33,7 @@ from tuner.measure.deployed import NotAsClaimed, stored_as, verify, weight_dtype
 from tuner.measure.flops import MATMUL_OPS, RNN_OPS
 from tuner.measure.shares import ShareCounter, Shares
 from tuner.policy.plan import Plan
+from tuner.report.sharded import checkpoint_digest, load_shards, load_whole
 
 
 @dataclass(frozen=True)
@@ -258,17 +260,41 @@ def _plan_and_checkpoint(source: str | Path | Plan) -> tuple[Plan, Path | None]:
 
 
 def _load_checkpoint(model: nn.Module, plan: Plan, ckpt: Path) -> None:
-    """The checkpoint's weights into `model`, after checking it is the plan's and fits the model."""
+    """The checkpoint's weights into `model`, after checking it is the plan's and fits the model.
+
+    A sharded run's folder (model.dcp/) loads into a sharded model through DCP, into an unsharded one from
+    its consolidated model.safetensors when it has one, else through DCP too; an unsharded run's
+    model.safetensors loads into a sharded model slice by slice (`tuner.report.sharded`)."""
     directory = ckpt.parent
-    if not ckpt.is_file():
+    sharded_run = (directory / SHARDED_CHECKPOINT_NAME).is_dir()
+    if not ckpt.is_file() and not sharded_run:
         raise PlanMismatchError(f"no {CHECKPOINT_NAME} in {directory}")
-    if plan.checkpoint_sha256 and sha256_file(ckpt) != plan.checkpoint_sha256:
-        raise PlanMismatchError(f"{CHECKPOINT_NAME} does not match {PLAN_NAME}: its sha256 differs (corrupted or "
-                                f"replaced) in {directory}")
+    digest = checkpoint_digest(directory) if sharded_run else sha256_file(ckpt)
+    if plan.checkpoint_sha256 and digest != plan.checkpoint_sha256:
+        raise PlanMismatchError(f"{SHARDED_CHECKPOINT_NAME if sharded_run else CHECKPOINT_NAME} does not match "
+                                f"{PLAN_NAME}: its sha256 differs (corrupted or replaced) in {directory}")
+    if sharded_run and (Sharding.of(model).sharded or not ckpt.is_file()):
+        _check_fits(model, plan, directory, dict(model.state_dict()))
+        load_shards(model, directory)
+        return
     try:
         tensors = load_file(str(ckpt))
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise PlanMismatchError(f"{ckpt} is truncated or corrupted ({str(exc).splitlines()[0]})") from None
+    _check_fits(model, plan, directory, tensors)
+    if Sharding.of(model).sharded:
+        load_whole(model, tensors)
+        return
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.data = tensors[name].to(p.device)
+        for name, b in model.named_buffers():
+            if name in tensors:
+                b.copy_(tensors[name].to(b.device, b.dtype))
+
+
+def _check_fits(model: nn.Module, plan: Plan, directory: Path, tensors: Mapping[str, Tensor]) -> None:
+    """PlanMismatchError unless the checkpoint's `tensors` (name -> tensor) and the plan's modules fit `model`."""
     state = model.state_dict()
     missing = sorted(set(state) - set(tensors))
     extra = sorted(set(tensors) - set(state))
@@ -287,9 +313,3 @@ def _load_checkpoint(model: nn.Module, plan: Plan, ckpt: Path) -> None:
         problems.append(f"plan names modules the model lacks: {', '.join(unknown[:5])}")
     if problems:
         raise PlanMismatchError(f"{directory} does not match this model: " + "; ".join(problems))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.data = tensors[name].to(p.device)
-        for name, b in model.named_buffers():
-            if name in tensors:
-                b.copy_(tensors[name].to(b.device, b.dtype))

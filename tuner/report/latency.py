@@ -17,7 +17,7 @@ import dataclasses
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,7 +136,8 @@ MIN_FORWARDS = 8  # the warm-up of each side and 3 rounds of both: fewer cannot 
 
 def compare_latency(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, *, device: str = "cpu",
                     min_time: float = 0.6, max_time: float = 3.0, min_rounds: int = 5, max_rounds: int = 100_000,
-                    bound: float = BOUND, budget: float | None = None) -> Latency:
+                    bound: float = BOUND, budget: float | None = None,
+                    decide: Callable[[bool], bool] | None = None) -> Latency:
     """Milliseconds per forward of `model` in FP32 and with `plan` attached (`tuner.attach`, as `tuner.load`).
 
     One model, no copy: each round times one FP32 call and then one call with
@@ -151,7 +152,10 @@ def compare_latency(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, *
     would not fit (a large model, whose timing would cost a sizeable share of the tune). The attached model casts its
     FP32 weights on every call, where the loaded checkpoint already stores
     them lowered: `tuned` errs on the slow side (report.json: `tuned_weights: "cast per call"`).
+    `decide` makes every stop decision the same on every rank of a sharded model (whose forwards are collective:
+    a rank that stopped timing alone would leave the others waiting): rank 0's, broadcast.
     """
+    decide = decide or (lambda stop: stop)
     inputs = ModelInputs.of(inputs)
     max_time = max_time if budget is None else budget
     plain = dataclasses.replace(plan, model=None)  # the same model: no structure check per round
@@ -179,22 +183,21 @@ def compare_latency(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, *
     try:
         with torch.no_grad():
             warm = timed()  # warm-up of each
-            if budget is not None and warm * MIN_FORWARDS > budget:
-                raise TooSlowToTime(warm, budget)
+            if decide(budget is not None and warm * MIN_FORWARDS > budget):
+                raise TooSlowToTime(warm, budget or 0.0)
             tuned()
             start = time.perf_counter()
             check = min_rounds  # the interval is looked at after 20% more rounds each time: no O(n^2) sorting
-            while len(fp32_s) < max_rounds:
+            stop = max_rounds < 1
+            while not stop:
                 fp32_s.append(timed())
                 tuned_s.append(tuned())
                 elapsed = time.perf_counter() - start
-                if len(fp32_s) >= min_rounds and elapsed >= max_time:
-                    break
-                if len(fp32_s) < check or elapsed < min_time:
-                    continue
-                if judge(fp32_s, tuned_s, bound=bound).judged:
-                    break
-                check = max(check + 1, int(len(fp32_s) * 1.2))
+                stop = len(fp32_s) >= max_rounds or (len(fp32_s) >= min_rounds and elapsed >= max_time)
+                if not stop and len(fp32_s) >= check and elapsed >= min_time:
+                    stop = judge(fp32_s, tuned_s, bound=bound).judged
+                    check = check if stop else max(check + 1, int(len(fp32_s) * 1.2))
+                stop = decide(stop)
     finally:
         torch.set_num_threads(threads)
     return judge(fp32_s, tuned_s, threads=threads, bound=bound, seconds=time.perf_counter() - start)

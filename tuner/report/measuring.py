@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import time
+from collections.abc import Callable
 
 from torch import nn
 
@@ -25,11 +26,13 @@ from tuner.search.results import TuneResult, TuneStatus
 
 
 def measure_report(result: TuneResult, model: nn.Module, *, model_ref: ModelRef | None = None, device: str = "cpu",
-                   latency: bool = True) -> TuneReport:
+                   latency: bool = True, decide: Callable[[bool], bool] | None = None) -> TuneReport:
     """The TuneReport of `result`'s plan on `model` (see the module docstring); nothing is written.
 
     `model_ref` is the model the plan was made for, recorded in the plan.
     `latency=False` skips the timing (`latency` is None, report.json's `latency_ms` null).
+    A sharded model is measured by every rank together (its forwards are collective): `decide` is rank 0's
+    decision broadcast, so the timing stops on every rank at once (`compare_latency`).
     """
     t0 = time.monotonic()
     inputs = ModelInputs() if result.inputs is None else ModelInputs.of(result.inputs)
@@ -37,7 +40,7 @@ def measure_report(result: TuneResult, model: nn.Module, *, model_ref: ModelRef 
     verify_plan_pass(model, result.plan, inputs, planned)  # what the report claims is what ran, and loads
     plan = dataclasses.replace(result.plan, model=model_ref)
     warnings = list(result.warnings)
-    timing = _latency(model, result, inputs, device, warnings) if latency else None
+    timing = _latency(model, result, inputs, device, warnings, decide) if latency else None
     # the chosen trial's shares as measured under the final plan: the same numbers as the summary's
     trials = tuple(dataclasses.replace(t, shares=planned.shares) if t.n == result.chosen else t
                    for t in result.trials)
@@ -63,11 +66,11 @@ LATENCY_SHARE = 0.05
 
 
 def _latency(model: nn.Module, result: TuneResult, inputs: ModelInputs, device: str,
-             warnings: list[str]) -> Latency | None:
+             warnings: list[str], decide: Callable[[bool], bool] | None = None) -> Latency | None:
     """compare_latency for the report, and the warnings it calls for (None when the tuned model raised)."""
     budget = max(LATENCY_SECONDS, LATENCY_SHARE * result.eval_seconds)
     try:
-        timing = compare_latency(model, result.plan, inputs, device=device, budget=budget)
+        timing = compare_latency(model, result.plan, inputs, device=device, budget=budget, decide=decide)
     except TooSlowToTime as slow:
         warnings.append(f"the tuned model was not timed: {slow} (at most {LATENCY_SHARE:.0%} of the time spent "
                         f"in evaluate, or {LATENCY_SECONDS:g} s); time it on your own data, or pass --no-latency")

@@ -25,7 +25,7 @@ from torch import nn
 
 from tuner.core.errors import OutputError
 from tuner.core.fileio import atomic_write_text
-from tuner.core.fingerprint import sha256_file
+from tuner.core.fingerprint import tree_sha256
 from tuner.core.inputs import ModelInputs
 from tuner.core.output_files import (
     CHECKPOINT_NAME,
@@ -37,15 +37,17 @@ from tuner.core.output_files import (
     REPORT_JSON_NAME,
     REPORT_MD_NAME,
     SEARCH_PAGE_NAME,
+    SHARDED_CHECKPOINT_NAME,
     STAGING_NAME,
 )
 from tuner.policy.presets import write_op_list
-from tuner.report.checkpoint import check_checkpoint, save_checkpoint
+from tuner.report.checkpoint import CheckpointInfo, check_checkpoint, save_checkpoint
 from tuner.report.json_report import report_json
 from tuner.report.markdown import report_markdown
 from tuner.report.oplists import op_lists
 from tuner.report.outcome import TuneReport
 from tuner.report.search_page import search_page
+from tuner.report.sharded import SavedShards
 from tuner.report.verdict import plan_header
 from tuner.search.results import TuneResult
 from tuner.workspace.manifest import Manifest
@@ -73,14 +75,16 @@ def withdraw_plan(out: str | Path) -> None:
     manifest.forget(PLAN_NAME)
 
 
-def write_outputs(result: TuneResult, report: TuneReport, out: str | Path, *, model: nn.Module) -> TuneReport:
+def write_outputs(result: TuneResult, report: TuneReport, out: str | Path, *, model: nn.Module,
+                  shards: SavedShards | None = None) -> TuneReport:
     """Write the outputs as a set (see the module docstring); returns the report as written.
 
     `report` is `measure_report(result, model, ...)`. `model` is the FP32 model
     as built: its weights go into the checkpoint (no copy of the model is
     made), the parameters `report.lowered` names stored in the lower dtype. The
     returned report adds the checkpoint's info, its sha256 in the plan and the
-    time spent writing.
+    time spent writing. `shards`: a sharded model's checkpoint, already written by every rank
+    (`tuner.report.sharded`), committed with the rest instead of `model`'s.
     """
     out = Path(out)
     manifest = Manifest(out)
@@ -90,13 +94,19 @@ def write_outputs(result: TuneResult, report: TuneReport, out: str | Path, *, mo
         stage = Path(tempfile.mkdtemp(prefix=f"{STAGING_NAME}-", dir=out))
         manifest.add_staging(stage.name)  # a kill from here on leaves it for the next run to remove
     try:
-        report = _write_staged(result, report, stage, out, model=model)
-        digests = {name: report.plan.checkpoint_sha256 if name == CHECKPOINT_NAME else sha256_file(stage / name)
-                   for name in COMMITTED}
+        report = _write_staged(result, report, stage, out, model=model, shards=shards)
+        names = [name for name in COMMITTED if (stage / name).exists()]
+        digests = {name: report.plan.checkpoint_sha256 if name == CHECKPOINT_NAME and shards is None
+                   else tree_sha256(stage / name) for name in names}
         with _writing(out, MANIFEST_NAME):
-            manifest.writing(*COMMITTED)
-        for name in COMMITTED:
+            for name in COMMITTED:
+                if name not in names and (out / name).exists():  # from an earlier run (ours: checked above)
+                    manifest.remove(name)
+            manifest.writing(*names)
+        for name in names:
             with _writing(out, name):
+                if (out / name).is_dir():
+                    shutil.rmtree(out / name)
                 os.replace(stage / name, out / name)
         with _writing(out, MANIFEST_NAME):
             manifest.wrote({n: d for n, d in digests.items() if d})
@@ -108,19 +118,20 @@ def write_outputs(result: TuneResult, report: TuneReport, out: str | Path, *, mo
 
 
 def _write_staged(result: TuneResult, report: TuneReport, stage: Path, out: Path, *,
-                  model: nn.Module) -> TuneReport:
+                  model: nn.Module, shards: SavedShards | None) -> TuneReport:
     """Every committed file into `stage`, in the committed order; OSError -> OutputError naming the file."""
     t0 = time.monotonic()
     lower, fp32 = op_lists(result)
     for name, ops in ((LOWER_OPS_NAME, lower), (FP32_OPS_NAME, fp32)):
         with _writing(out, name):
             write_op_list(stage / name, ops.ops, header=ops.header)
-    with _writing(out, CHECKPOINT_NAME):
-        info = save_checkpoint(model, report.plan, ModelInputs(), stage / CHECKPOINT_NAME, lowered=report.lowered)
-        digest = sha256_file(stage / CHECKPOINT_NAME)
-    if result.inputs is not None:  # the checkpoint loads and gives the bits the trials gave (else an mpt bug)
-        check_checkpoint(model, report.plan, result.inputs, stage / CHECKPOINT_NAME, report.lowered)
-    report = report.written(info, digest, time.monotonic() - t0)
+    if shards is not None:
+        with _writing(out, SHARDED_CHECKPOINT_NAME):
+            digest = shards.move_into(stage)
+        info = CheckpointInfo(lowered=shards.lowered, bytes=shards.bytes, fp32_bytes=shards.fp32_bytes)
+        report = report.written(info, digest, time.monotonic() - t0)
+    else:
+        report = _write_checkpoint(result, report, stage, out, model=model, t0=t0)
     with _writing(out, PLAN_NAME):
         report.plan.save(stage / PLAN_NAME, header=plan_header(result))
     renderers = ((REPORT_JSON_NAME, report_json), (SEARCH_PAGE_NAME, search_page),
@@ -129,3 +140,14 @@ def _write_staged(result: TuneResult, report: TuneReport, stage: Path, out: Path
         with _writing(out, name):
             atomic_write_text(stage / name, render(result, report))
     return report
+
+
+def _write_checkpoint(result: TuneResult, report: TuneReport, stage: Path, out: Path, *, model: nn.Module,
+                      t0: float) -> TuneReport:
+    """model.safetensors into `stage`, checked against the trials' weights; the report with its info."""
+    with _writing(out, CHECKPOINT_NAME):
+        info = save_checkpoint(model, report.plan, ModelInputs(), stage / CHECKPOINT_NAME, lowered=report.lowered)
+        digest = tree_sha256(stage / CHECKPOINT_NAME)
+    if result.inputs is not None:  # the checkpoint loads and gives the bits the trials gave (else an mpt bug)
+        check_checkpoint(model, report.plan, result.inputs, stage / CHECKPOINT_NAME, report.lowered)
+    return report.written(info, digest, time.monotonic() - t0)

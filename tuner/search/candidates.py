@@ -19,7 +19,7 @@ from tuner.engine.function_mode import Decision, PrecisionEngine
 from tuner.measure.flops import first_tensor, op_flops
 from tuner.measure.inspection import relative_error
 from tuner.measure.shares import ShareCounter, Shares
-from tuner.policy.opnames import is_neutral
+from tuner.policy.opnames import is_communication, is_neutral
 from tuner.policy.plan import OpInstance
 from tuner.policy.presets import Policy
 from tuner.search.decisions import runs_low
@@ -88,7 +88,8 @@ def find_candidates(model: nn.Module, inputs: ModelInputs, policy: Policy, dtype
     def record(d: Decision, func: Any, args: tuple, kwargs: dict, out: Any, *raw: Any) -> None:
         counter.add(d, args, kwargs, out)
         # a neutral op that casts (a lower-list op rounding an FP32 input) does change the numbers
-        if runs_low(d) and not d.forced and (d.casts > 0 or not is_neutral(d.op, args, kwargs)):
+        if (runs_low(d) and not d.forced and not is_communication(d.op)
+                and (d.casts > 0 or not is_neutral(d.op, args, kwargs))):
             y = first_tensor(out)
             cand = OpInstance(d.module, d.op, d.index)
             flops[cand] = op_flops(d.op, args, kwargs, out)

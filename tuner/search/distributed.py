@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from tuner.workspace.journal import Journal
 
 T = TypeVar("T")
+K = TypeVar("K")
 
 TIMEOUT_ENV = "MPT_DIST_TIMEOUT"
 DEFAULT_TIMEOUT = 1800.0  # seconds a rank waits for the others in one collective
@@ -176,6 +177,14 @@ class Ranks:
         found: list[Any] = [None] * self.size
         self._collective(dist.all_gather_object, found, obj, group=self.group)
         return found
+
+    def mean(self, scores: dict[K, float]) -> dict[K, float]:
+        """Each key's mean over the ranks' `scores` (the same keys on every rank): the same dict on every rank,
+        so every rank ranks alike (a sharded model's ranks score through their own shards)."""
+        if not self.distributed:
+            return scores
+        found = self.gather(scores)
+        return {key: math.fsum(s[key] for s in found) / len(found) for key in found[0]}
 
     def decide(self, check: Callable[[], T]) -> T:
         """Rank 0 runs `check`; every rank returns what it returned or raises the Exception it raised."""

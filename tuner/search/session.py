@@ -22,6 +22,7 @@ from tuner.core.dtypes import parse_dtype
 from tuner.core.errors import ConfigError, Interrupted, UserCodeError
 from tuner.core.inputs import ModelInputs, tensor_leaves
 from tuner.core.loader import user_site
+from tuner.core.sharding import Sharding
 from tuner.core.torch_state import refuse_active_autocast
 from tuner.engine.probe import autocast_failures
 from tuner.measure.ranking import rank_exact, rank_gradient
@@ -223,6 +224,8 @@ class TuneSession:
         with self.keeper.borrowed() as model:
             scores = scorer(model, found.inputs, self.policy, self.dtype, list(found.instances), found.ref_out,
                             progress)
+            if Sharding.of(model).sharded:  # each rank scored through its shards: the mean over the ranks
+                return self.ranks.mean(scores)
             return self.ranks.broadcast(scores)  # every rank searches in rank 0's order
 
     def search(self, found: Candidates, scores: Scores, trials: SearchTrials,

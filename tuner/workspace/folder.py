@@ -99,8 +99,7 @@ class OutputFolder:
                               "pass `resume` to continue it or `overwrite` to replace it")
         if overwrite and not resume:
             for n in held:
-                (self.path / n).unlink()
-            manifest.forget(*held)
+                manifest.remove(n)
         with contextlib.suppress(OSError):  # advice for git, not an output: a run does not fail for it
             manifest.write_own(GITIGNORE_NAME, GITIGNORE_TEXT)
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from tuner.core.errors import ConfigError
 from tuner.core.fileio import atomic_write_text
-from tuner.core.fingerprint import sha256_file
+from tuner.core.fingerprint import sha256_file, tree_sha256
 from tuner.core.output_files import MANIFEST_NAME, STAGING_NAME
 
 _FORMAT = 1
@@ -74,11 +74,11 @@ class Manifest:
         if not path.exists() and not path.is_symlink():
             return True
         entry = self.files.get(name)
-        if entry is None or path.is_symlink() or not path.is_file():
+        if entry is None or path.is_symlink() or not (path.is_file() or path.is_dir()):
             return False
         if "head_sha256" in entry:
-            return bool(head_sha256(path) == entry["head_sha256"])
-        return entry.get("sha256") is None or bool(sha256_file(path) == entry["sha256"])
+            return path.is_file() and bool(head_sha256(path) == entry["head_sha256"])
+        return entry.get("sha256") is None or bool(tree_sha256(path) == entry["sha256"])
 
     def check_ours(self, names: Iterable[str]) -> None:
         """ConfigError (exit 2) naming every file among `names` that mpt did not write; mpt never touches those."""
@@ -119,6 +119,15 @@ class Manifest:
         atomic_write_text(self.folder / name, text)
         self.wrote({name: sha256_file(self.folder / name)})
         return True
+
+    def remove(self, name: str) -> None:
+        """Delete mpt's own `name` (a file, or a folder such as a sharded checkpoint) and forget it."""
+        path = self.folder / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+        self.forget(name)
 
     # --- staging folders ------------------------------------------------------------------------------
     def add_staging(self, name: str) -> None:

@@ -308,7 +308,7 @@ def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Modu
     `started` (time.monotonic()) is when the time budget starts; default now.
     Like INC's `autotune(model, config, eval_fn)`.
     """
-    options = _tune_options(options, option_values)
+    options = tune_options(options, option_values)
     if isinstance(build, nn.Module):
         template = build
         build = lambda: copy.deepcopy(template)  # noqa: E731
@@ -317,7 +317,7 @@ def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Modu
     return session.run()
 
 
-def _tune_options(options: TuneOptions | None, values: Mapping[str, Any]) -> TuneOptions:
+def tune_options(options: TuneOptions | None, values: Mapping[str, Any]) -> TuneOptions:
     """`tune()`'s options: `options`, or a TuneOptions made from its keyword options (TypeError for both, for a
     keyword that is no option, or for `options` that is not a TuneOptions)."""
     if options is not None and not isinstance(options, TuneOptions):

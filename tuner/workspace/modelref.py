@@ -80,7 +80,7 @@ def model_ref_for(user: UserModel, out: Path, *, build: str | None, eval: str | 
     digests: dict[str, str] = {}
     if model is not None:
         digests = {"structure": structure_digest(model), "weights": weights or weights_digest(model),
-                   "source": source_digest(user.files or (model_path,))}
+                   "source": source_digest(user.files or ((model_path,) if model_path.is_file() else ()))}
     return ModelRef(file=_relative_to(model_path, out), build=specs["build"], eval=specs["eval"],
                     inputs=specs["inputs"], **digests)
 

@@ -60,3 +60,20 @@ def test_inspect_model_of_a_loaded_model_reports_the_plan_it_runs():
     assert seen.summary.output_error == pytest.approx(plain.summary.output_error)
     assert tuner.inspect_model(TASK.build(), x).summary.lower_flop_share == 1.0  # torch-cpu lowers all
     assert torch.equal(model(x[0]), tuner.load(TASK.build(), _plan())(x[0]))  # attached again after
+
+
+def test_hf_save_pretrained_of_a_loaded_model_reloads_and_runs_the_plan(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=32)
+    torch.manual_seed(0)
+    ids = torch.randint(0, 64, (2, 8))
+    plan = Plan(dtype="bf16", preset="torch-cpu",
+                fp32_instances=(OpInstance("encoder.layer.0.attention.self.query", "linear", 0),))
+    model = tuner.load(transformers.BertModel(config).eval(), plan)
+    want = model(input_ids=ids).last_hidden_state
+    model.save_pretrained(tmp_path / "hf")
+    again = tuner.load(transformers.BertModel.from_pretrained(tmp_path / "hf").eval(), plan)
+    assert torch.equal(again(input_ids=ids).last_hidden_state, want)
+    restored = _round_trip(model)
+    assert torch.equal(restored(input_ids=ids).last_hidden_state, want)

@@ -53,8 +53,7 @@ def _details(result: TuneResult, report: TuneReport) -> list[str]:
     if reasons:
         lines += ["<details><summary>FP32 op instances and why</summary>", "",
                   "| op instance | why FP32 | score | FLOP share |", "|---|---|---|---|"]
-        lines += [f"| `{r.label}` | {_cell(r.text(dtype))} | {'-' if r.score is None else f'{r.score:.3g}'} | "
-                  f"{'-' if r.flop_share is None else f'{r.flop_share:.1%}'} |" for r in reasons]
+        lines += [f"| `{r.label}` | {_cell(r.text(dtype))} | {r.score_text()} | {r.flop_text()} |" for r in reasons]
         lines += ["", "</details>", ""]
     d = run_digits(result, report)
     lines += ["<details><summary>Trials</summary>", "", "| # | what changed | metric | result | low |",

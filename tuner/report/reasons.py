@@ -29,6 +29,17 @@ class Fp32Reason:
     def proved(self) -> bool:
         return self.trial is not None and self.others == 0
 
+    def score_text(self) -> str:
+        return "-" if self.score is None else f"{self.score:.3g}"
+
+    def flop_text(self) -> str:
+        """`2.9%`; `<0.1%` for an op with FLOPs too few to show; `0%` for none (an elementwise op)."""
+        if self.flop_share is None:
+            return "-"
+        if 0 < self.flop_share < 0.0005:
+            return "<0.1%"
+        return f"{self.flop_share:.1%}" if self.flop_share else "0%"
+
     def text(self, dtype: str) -> str:
         """`trial 7 failed with it in bf16 (only change)` / `... (and 3 other changes)` / `no trial lowered it`."""
         if self.trial is None:

@@ -72,10 +72,8 @@ def _fp32_section(result: TuneResult, report: TuneReport) -> str:
 
 
 def _reason_row(r: Fp32Reason, dtype: str) -> str:
-    score = "-" if r.score is None else f"{r.score:.3g}"
-    share = "-" if r.flop_share is None else f"{r.flop_share:.1%}"
     return (f"<tr><td><code>{html.escape(r.label)}</code></td><td>{html.escape(r.text(dtype))}</td>"
-            f'<td class="num">{score}</td><td class="num">{share}</td></tr>')
+            f'<td class="num">{r.score_text()}</td><td class="num">{html.escape(r.flop_text())}</td></tr>')
 
 
 def _row(t: Trial, chosen: bool, digits: int) -> str:

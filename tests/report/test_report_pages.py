@@ -49,6 +49,8 @@ def test_report_md_is_a_pr_comment_with_a_real_header(run):
     trial_rows = [ln for ln in lines if re.match(r"\| \d+ \| ", ln)]
     assert len(trial_rows) == run.result.evals
     assert all(ln.count(" | ") == 4 for ln in trial_rows)  # a '|' in a label cannot break the table
+    for row in trial_rows:  # the `*` of compressed paths is escaped: no emphasis but the (chosen) mark
+        assert not re.search(r"(?<!\\)\*(?!\*)", row.replace("**(chosen)**", "")), row
     assert text.count("<details>") == text.count("</details>") == 2
 
 

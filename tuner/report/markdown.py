@@ -12,7 +12,8 @@ from tuner.search.results import TuneResult, TuneStatus
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
+    """Text for a table cell: `|` would end the cell and the `*` of compressed paths start emphasis."""
+    return text.replace("|", "\\|").replace("*", "\\*")
 
 
 def report_markdown(result: TuneResult, report: TuneReport, out: Path) -> str:

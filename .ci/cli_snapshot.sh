@@ -29,7 +29,7 @@ run bad_both mpt tune examples/digits_sensor.py --resume --overwrite --out "$W/b
 run bad_dtype mpt tune examples/digits_sensor.py --dtype int8 --out "$W/bad"
 run bad_evals mpt tune examples/digits_sensor.py --max-evals 1 --out "$W/bad"
 for d in sensor cnn; do
-  for f in plan.yaml lower_precision_ops.txt fp32_ops.txt report.md; do mask < "$W/$d/$f" | sed -E "s#$W#W#g; s#$(pwd)#ROOT#g; s#checkpoint_sha256: [0-9a-f]+#checkpoint_sha256: SHA#; s#written [0-9-]+ [0-9:]+ UTC#written DATE#" > "$OUT/${d}_$f"; done
+  for f in plan.yaml lower_precision_ops.txt fp32_ops.txt report.md; do mask < "$W/$d/$f" | sed -E "s#$W#W#g; s#$(pwd)#ROOT#g; s#checkpoint_sha256: [0-9a-f]+#checkpoint_sha256: SHA#; s#written [0-9-]+ [0-9:]+ UTC#written DATE#; s#[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9:]{8} UTC#DATE#" > "$OUT/${d}_$f"; done
   python - "$W/$d/report.json" > "$OUT/${d}_report.json.keys" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -47,5 +47,5 @@ PY
 sed -i -E "s#$(pwd)#ROOT#g; s#(sha256|checkpoint_sha256)\b(.*) str [0-9a-f]+#\1\2 str SHA#" "$OUT/${d}_report.json.keys"
 done
 sed -i -E "s#$W#W#g; s#$(pwd)#ROOT#g; s#written [0-9-]+ [0-9:]+ UTC#written DATE#; s#checkpoint_sha256: [0-9a-f]+#checkpoint_sha256: SHA#" "$OUT"/*
-sed -i -E "s#written [0-9-]+ [0-9:]+ UTC#written DATE#" "$OUT"/*
+sed -i -E "s#written [0-9-]+ [0-9:]+ UTC#written DATE#; s#[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9:]{8} UTC#DATE#" "$OUT"/*
 rm -rf "$W"

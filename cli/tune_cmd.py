@@ -72,7 +72,7 @@ class _Renderer:
         data = event.payload
         if event.kind is EventKind.EVALUATING:
             if self.tty:
-                self.working(f"trial {data.n}: evaluating {data.label} ...")
+                self.working(f"eval {data.n}: evaluating {data.label} ...")
             return
         if event.kind is EventKind.RANK:
             self.ranking(data)

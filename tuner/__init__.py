@@ -25,7 +25,7 @@ _HOME = {  # public name -> the module that defines it
     "attach": "engine.attach", "detach": "engine.attach", "attached": "engine.attach",
     "disable_casts": "engine.function_mode", "Decision": "engine.function_mode",
     "Execution": "engine.native", "ExecutionPath": "engine.native", "autocast_failures": "engine.probe",
-    "load": "report.checkpoint", "tune": "search.session", "TuneOptions": "options.tune",
+    "load": "report.checkpoint", "tune": "jobs.tune_call", "TuneOptions": "options.tune",
     "TuneResult": "search.results", "inspect_model": "measure.inspection", "inspect": "jobs.inspect_run",
     "InspectOptions": "options.commands", "Plan": "policy.plan", "OpInstance": "policy.plan",
     "Policy": "policy.presets", "load_preset": "policy.presets",

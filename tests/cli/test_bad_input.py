@@ -247,7 +247,7 @@ def test_fp16_overflow_fails_the_trial_and_the_search_moves_on(runner, tmp_path)
     assert res.exit_code == exitcodes.OK, res.output
     trials = [line for line in res.stdout.splitlines() if line.startswith("eval") and " base " not in line]
     assert "FAIL" in trials[0] and ("metric is nan" in trials[0] or "metric is inf" in trials[0])
-    assert any("pass" in t and "(big)" in t for t in trials[1:])  # the module that owns linear#0
+    assert any("pass" in t and "+1 FP32: big:linear#0" in t for t in trials[1:])  # the module that owns linear#0
     plan = (tmp_path / "out" / "plan.yaml").read_text()
     assert "module: big" in plan
 

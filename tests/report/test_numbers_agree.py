@@ -47,7 +47,7 @@ def check_agreement(res, out: Path) -> dict:
     assert sorted(lines) == [t["n"] for t in trials] == list(range(1, report["evaluations"] + 1))
     assert [t["n"] for t in trials if t["baseline"]] == [1, 2]
     page = (out / "search.html").read_text()
-    rows = re.findall(r"<tr[^>]*><td>(\d+)</td><td>.*?</td><td>(.*?)</td><td>\w+</td><td>(.*?)</td>", page)
+    rows = re.findall(r"<tr[^>]*><td>(\d+)</td><td>.*?</td><td[^>]*>(.*?)</td><td>\w+</td><td>(.*?)</td>", page)
     assert [int(n) for n, _, _ in rows] == [t["n"] for t in trials]
     for (n, metric, share), t in zip(rows, trials):
         line = lines[t["n"]]

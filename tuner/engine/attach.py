@@ -20,6 +20,7 @@ from tuner.core.errors import ConfigError
 from tuner.engine import native
 from tuner.engine.function_mode import Decision, PrecisionEngine
 from tuner.engine.kind import EngineKind
+from tuner.engine.portable import Reattach, forget_portable, make_portable
 from tuner.policy.modes import NativeDevice
 from tuner.policy.plan import Plan
 from tuner.policy.presets import Policy, custom_policy, load_preset
@@ -279,7 +280,7 @@ def attach(model: nn.Module, policy: PolicyLike, dtype: str | torch.dtype | None
         realized = native.realize(model, device.value, lower, mods, instances)
         if isinstance(realized, native.Execution):
             setattr(model, _ATTACHED, _Attachment(realized, native.install(model, realized)))
-            return model
+            return _portable(model, policy, dtype, kind)
         reason = realized
         if kind is EngineKind.TORCH:
             raise ConfigError(f"engine='torch' cannot run this plan: {reason}")
@@ -293,6 +294,18 @@ def attach(model: nn.Module, policy: PolicyLike, dtype: str | torch.dtype | None
     before = model.__dict__.get("forward")
     model.forward = torch.compiler.disable(forward)  # mpt's engine is Python per op: never traced  # type: ignore[method-assign]
     setattr(model, _ATTACHED, _Attachment(execution, [(model, before, None)], getattr(forward, "_mpt_handles", [])))
+    return _portable(model, policy, dtype, kind)
+
+
+def _reattach(policy: PolicyLike, dtype: str | torch.dtype | None, engine: EngineKind, model: nn.Module) -> None:
+    attach(model, policy, dtype, engine=engine)
+
+
+def _portable(model: nn.Module, policy: PolicyLike, dtype: str | torch.dtype | None, kind: EngineKind) -> nn.Module:
+    """`model` picklable with its plan (tuner.engine.portable): restored, it attaches the plan again."""
+    state = model.__dict__[_ATTACHED]
+    state.plan = AttachedPlan(policy, dtype, kind)
+    make_portable(model, state.wrapped, state.handles, functools.partial(_reattach, policy, dtype, kind), _ATTACHED)
     return model
 
 
@@ -301,6 +314,33 @@ class _Attachment:
     execution: native.Execution
     wrapped: native.Wrapped  # modules whose forward was replaced, and what they had before
     handles: list[Any] = field(default_factory=list)  # hooks of the scoped path
+    plan: AttachedPlan | None = None  # what was attached, to attach it again
+
+
+@dataclass(frozen=True)
+class AttachedPlan:
+    """The arguments `attach` was called with (its policy read from file once: `as_plan`)."""
+
+    policy: PolicyLike
+    dtype: str | torch.dtype | None
+    engine: EngineKind
+
+
+@contextlib.contextmanager
+def suspended(model: nn.Module) -> Iterator[AttachedPlan | None]:
+    """The plan attached to `model` (None: none), detached until the block ends and then attached again:
+    what `inspect_model` runs its own passes on."""
+    attached(model)  # a model restored by pickle attaches its plan first
+    state = model.__dict__.get(_ATTACHED)
+    held = state.plan if isinstance(state, _Attachment) else None
+    if held is None:
+        yield None
+        return
+    detach(model)
+    try:
+        yield held
+    finally:
+        attach(model, held.policy, held.dtype, engine=held.engine)
 
 
 def _full_forward(model: nn.Module, eng: PrecisionEngine) -> Callable[..., Any]:
@@ -395,7 +435,10 @@ def detach(model: nn.Module) -> nn.Module:
     """Undo `attach`: the model's own forwards again (and no hooks). A model with nothing attached is
     left as it is. Returns `model`."""
     state = model.__dict__.pop(_ATTACHED, None)
+    if isinstance(model.__dict__.get("forward"), Reattach):  # restored by pickle, not attached again yet
+        del model.__dict__["forward"]
     if isinstance(state, _Attachment):
+        forget_portable(model.modules())
         native.uninstall(state.wrapped)
         for handle in state.handles:
             handle.remove()
@@ -404,9 +447,13 @@ def detach(model: nn.Module) -> nn.Module:
 
 def attached(model: nn.Module) -> native.Execution | None:
     """How the plan attached to `model` runs (native, scoped or python), or None when none is attached."""
+    pending = model.__dict__.get("forward")
+    if isinstance(pending, Reattach):  # restored by pickle: attach its plan now, as its first call would
+        pending.attach(model)
     state = getattr(model, _ATTACHED, None)
     return state.execution if isinstance(state, _Attachment) else None
 
 
-__all__ = ["autocast", "convert", "revert", "attach", "detach", "attached", "resolve", "as_plan", "check_plan_fits",
+__all__ = ["autocast", "convert", "revert", "attach", "detach", "attached", "suspended", "AttachedPlan",
+           "resolve", "as_plan", "check_plan_fits",
            "short_name"]

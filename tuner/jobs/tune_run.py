@@ -83,7 +83,7 @@ def tune_into_folder(user: UserModel, options: TuneOptions, out: str | Path, *, 
         keeper = ModelKeeper(user.build, options.device, start=start_state)
         build_seconds = time.monotonic() - t0
         sharding = Sharding.of(keeper.model)  # a layout mpt cannot run is refused before anything runs
-        files = user.files or (user.path,)
+        files = user.files or ((user.path,) if user.path.is_file() else ())  # tuner.tune(out=) from a notebook: none
         source = source_digest(files)
         ranks.same_model(source, keeper.weights_digest)  # under torchrun: every rank tunes rank 0's model
         kept: Journal | None = None

@@ -27,9 +27,10 @@ from torch import Tensor, nn
 from tuner.core.dtypes import short_name
 from tuner.core.inputs import ModelInputs, detached_copy, float_leaves, map_tensors
 from tuner.core.loader import call_forward
-from tuner.engine.attach import PolicyLike, as_plan, autocast
+from tuner.engine.attach import PolicyLike, as_plan, autocast, suspended
 from tuner.engine.function_mode import Decision
 from tuner.engine.kind import EngineKind
+from tuner.measure.deployed import stored_as
 from tuner.measure.flops import first_tensor, op_flops
 from tuner.measure.shares import ShareCounter
 from tuner.policy.opnames import is_neutral
@@ -185,7 +186,7 @@ def top_records(records: list[OpRecord], n: int) -> list[OpRecord]:
     return sorted((r for r in records if r.adds_error), key=own_error_key, reverse=True)[:n]
 
 
-def inspect_model(model: nn.Module, inputs: ModelInputs | tuple, policy: PolicyLike = "torch-cpu",
+def inspect_model(model: nn.Module, inputs: ModelInputs | tuple, policy: PolicyLike | None = None,
                   dtype: str | torch.dtype | None = None, *,
                   modules: Mapping[str, str] | None = None,
                   local_errors: bool = True) -> InspectResult:
@@ -193,7 +194,8 @@ def inspect_model(model: nn.Module, inputs: ModelInputs | tuple, policy: PolicyL
 
     Args:
         inputs: a ModelInputs, or a tuple of positional args.
-        policy: a preset name, a plan file or folder, a Plan or a Policy.
+        policy: a preset name, a plan file or folder, a Plan or a Policy. None: the plan attached to
+            `model` (`tuner.load`, `tuner.attach`), else torch-cpu.
         dtype: the lower dtype (`bf16`, `fp16`); the policy's own when None.
         modules: module path (or glob) -> dtype overrides, as for `tuner.autocast`.
         local_errors: also replay each op on the FP32 run's inputs (`OpRecord.local_error`).
@@ -206,8 +208,19 @@ def inspect_model(model: nn.Module, inputs: ModelInputs | tuple, policy: PolicyL
     after a BatchNorm) cannot change the reference it is compared against. The
     model's forward runs through `call_forward`, so a failure in it is a
     UserCodeError naming the user's line; a plan made for another model is
-    refused (PlanMismatchError) before anything runs.
+    refused (PlanMismatchError) before anything runs. An attached plan is detached while the passes run and
+    attached again after; parameters a loaded model holds in bf16/fp16 are held in FP32 meanwhile (the
+    reference is then FP32 compute on the stored weights: the original FP32 weights are not in the model).
     """
+    lowered = {n: torch.float32 for n, p in model.named_parameters() if p.dtype in (torch.bfloat16, torch.float16)}
+    with suspended(model) as held, stored_as(model, lowered if held is not None else {}):
+        if policy is None and held is not None:
+            policy, dtype = held.policy, dtype if dtype is not None else held.dtype
+        return _inspect(model, inputs, "torch-cpu" if policy is None else policy, dtype, modules, local_errors)
+
+
+def _inspect(model: nn.Module, inputs: ModelInputs | tuple, policy: PolicyLike, dtype: str | torch.dtype | None,
+             modules: Mapping[str, str] | None, local_errors: bool) -> InspectResult:
     policy = as_plan(policy)  # a plan file is read (and checked against the model) once
     probe = autocast(policy, dtype, model=model, modules=modules, recorder=lambda *a: None, engine=EngineKind.PYTHON)
     call = ModelInputs.of(inputs)

@@ -7,21 +7,19 @@ torch's). `tuner.policy.presets.load_preset` reads the file found here.
 from __future__ import annotations
 
 import difflib
-from importlib import resources
 from pathlib import Path
 
 from tuner.core.errors import ConfigError
 
 
 def preset_dir() -> Path:
-    """The folder of the shipped preset files (installed package data, else the source tree's configs/)."""
-    try:
-        path = Path(str(resources.files("tuner.configs.presets")))
+    """The folder of the shipped preset files: installed package data (`tuner/configs/presets`, which
+    pyproject maps from configs/), else the source tree's configs/presets (a checkout or editable install)."""
+    here = Path(__file__).resolve().parents[1]  # the tuner package
+    for path in (here / "configs" / "presets", here.parent / "configs" / "presets"):
         if path.is_dir():
             return path
-    except (ModuleNotFoundError, TypeError):
-        pass
-    return Path(__file__).resolve().parents[2] / "configs" / "presets"
+    return here.parent / "configs" / "presets"
 
 
 def preset_names() -> list[str]:

@@ -52,7 +52,7 @@ def report_dict(result: TuneResult, report: TuneReport) -> dict[str, Any]:
 def _trial(t: Trial) -> dict[str, Any]:
     return {"n": t.n, "label": t.label, "fp32": list(t.fp32), "metric": t.metric, "passed": t.passed,
             "baseline": t.baseline, "seconds": t.seconds, "low_precision_flop_share": t.shares.flop_share,
-            "error": t.error, "from_journal": t.from_journal}
+            "error": t.error, "from_journal": t.from_journal, "fp32_recorded": t.kept}
 
 
 def _execution(ex: Execution) -> dict[str, Any]:

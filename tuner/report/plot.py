@@ -4,6 +4,7 @@ from __future__ import annotations
 import html
 import math
 
+from tuner.report.labels import place_labels
 from tuner.report.metric_text import fmt_metric
 from tuner.report.outcome import TuneReport
 from tuner.report.verdict import run_digits
@@ -76,10 +77,10 @@ def svg_plot(result: TuneResult, report: TuneReport) -> str:
                      f'<title>trial {t.n}: {html.escape(t.label)}; metric {fmt_metric(metric, d)}; '
                      f'{t.shares.short()}</title></circle>')
         labels.setdefault((round(cx), round(cy)), []).append(t.n)
-    for (cx, cy), ns in labels.items():
-        text = ",".join(map(str, ns)) if len(ns) <= 4 else f"{ns[0]}-{ns[-1]}"
-        anchor, dx = ("end", -12) if cx > w - right - 40 else ("start", 12)
-        parts.append(f'<text x="{cx + dx}" y="{cy - 9}" text-anchor="{anchor}" font-size="11">{text}</text>')
+    area = (left, top, w - right, h - bottom)
+    for label in place_labels(labels, area):
+        parts.append(f'<text x="{label.x:.0f}" y="{label.y:.0f}" text-anchor="{label.anchor}" font-size="11">'
+                     f'{label.text}</text>')
     parts += _legend(left, top)
     parts.append("</svg>")
     return "\n".join(parts)

@@ -72,6 +72,11 @@ class Candidates:
         named = {c.label(): c for c in self.instances}
         return tuple(sorted(named[label] for label in labels))
 
+    def flop_shares(self) -> dict[str, float]:
+        """Each candidate's matmul/conv FLOPs as a share of the forward's, by label (what search.html lists)."""
+        total = self.all_low.flops
+        return {c.label(): (self.flops[c] / total if total else 0.0) for c in self.instances}
+
     def shares_without(self, fp32: frozenset[OpInstance]) -> Shares:
         """The all-low shares with the candidates in `fp32` moved to FP32 (a trial's shares)."""
         return self.all_low.without(len(fp32), sum(self.flops[c] for c in fp32))

@@ -49,7 +49,9 @@ class Trial:
 
     `n` counts from 1 in the order the evaluations ran: the baseline runs are
     trials 1 and 2. `shares` is the trial's lower-precision share (tuner.measure.shares;
-    zero for the baseline).
+    zero for the baseline). `label` says what the trial changed from the trial before it
+    (tuner.search.changes). `fp32` lists the instances it kept FP32; `kept` is how many of
+    them its plan records once the overrides that change nothing are dropped (None: not known).
     """
 
     n: int
@@ -62,6 +64,7 @@ class Trial:
     error: str | None = None
     from_journal: bool = False
     baseline: bool = False
+    kept: int | None = None
 
 
 @dataclass(frozen=True)
@@ -149,3 +152,4 @@ class TuneResult:
     noise: float = 0.0  # the baseline's spread (0: a deterministic evaluate)
     rebuilds: int = 0  # how often evaluate changed the model and it was built again
     chosen: int | None = None  # the number of the trial that confirmed the plan (None: not met)
+    flop_shares: dict[str, float] = field(default_factory=dict)  # candidate label -> its share of the FLOPs

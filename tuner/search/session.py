@@ -102,7 +102,7 @@ class TuneSession:
             inputs = self.example_inputs(inputs)
             found = self.find_candidates(inputs)
             self.evaluator.inputs = found.inputs  # each trial holds lowered what its checkpoint would
-            trials = SearchTrials(self.evaluator, found, base, accept, self.options)
+            trials = SearchTrials(self.evaluator, found, base, accept, self.options, self.recorder(found))
             first = trials.probe(frozenset(), scores)
             self.check_metric_sees_outputs(found, base)
             if first.passed:
@@ -258,6 +258,10 @@ class TuneSession:
                               "so they ran in FP32 anyway")
         return fp32, best.metric, best.n
 
+    def recorder(self, found: Candidates) -> Callable[[tuple[OpInstance, ...]], int]:
+        """How many of a trial's FP32 instances its plan would record (final_fp32's rule): one recorded forward."""
+        return lambda fp32: len(fp32) - len(self._no_op_overrides(found, fp32))
+
     def _no_op_overrides(self, found: Candidates, fp32: tuple[OpInstance, ...]) -> set[OpInstance]:
         if not fp32:
             return set()
@@ -289,6 +293,7 @@ class TuneSession:
         return TuneResult(plan=plan, status=status, baseline=base.value, target=accept.target, metric=metric,
                           trials=ev.trials, evals=ev.evals, stopped=stopped, candidates=candidates,
                           scores={c.label(): s for c, s in scores.items()}, notes=notes,
+                          flop_shares=found.flop_shares() if found else {},
                           seconds=time.monotonic() - self.started, eval_seconds=ev.eval_seconds,
                           user_seconds=self.user_seconds, inputs=inputs, warnings=warnings,
                           noise=base.spread, rebuilds=self.keeper.rebuilds, chosen=chosen_n)
@@ -312,7 +317,7 @@ def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Modu
     rel-error) compares the outputs with the FP32 model's on `data=` (a file) or on `example_inputs` (a list
     of batches, or one batch); a given `evaluate` wins unless `metric=` is named.
     """
-    options = _tune_options(options, option_values)
+    options = tune_options(options, option_values)
     if isinstance(build, nn.Module):
         template = build
         build = lambda: copy.deepcopy(template)  # noqa: E731
@@ -326,7 +331,7 @@ def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Modu
     return session.run()
 
 
-def _tune_options(options: TuneOptions | None, values: Mapping[str, Any]) -> TuneOptions:
+def tune_options(options: TuneOptions | None, values: Mapping[str, Any]) -> TuneOptions:
     """`tune()`'s options: `options`, or a TuneOptions made from its keyword options (TypeError for both, for a
     keyword that is no option, or for `options` that is not a TuneOptions)."""
     if options is not None and not isinstance(options, TuneOptions):

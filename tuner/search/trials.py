@@ -2,31 +2,18 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from tuner.core.errors import Interrupted
 from tuner.options.tune import TuneOptions
 from tuner.policy.plan import OpInstance
 from tuner.search.candidates import Candidates
+from tuner.search.changes import Change
 from tuner.search.evaluator import Evaluator
 from tuner.search.noise import Acceptance, Baseline
 from tuner.search.plans import plan_for
 from tuner.search.results import StopReason, Trial
 from tuner.search.strategy import Probe, SearchStopped
-
-
-def trial_label(fp32_idx: frozenset[int], found: Candidates, scores: Mapping[OpInstance, float], dtype: str) -> str:
-    """What a trial tries, in words: the modules it keeps FP32, the most damaging first."""
-    if not fp32_idx:
-        return f"all eligible in {dtype}"
-    weight: dict[str, float] = {}
-    for i in fp32_idx:
-        cand = found.instances[i]
-        weight[cand.module] = weight.get(cand.module, 0.0) + scores.get(cand, 0.0) ** 2
-    names = [m or "(root)" for m in sorted(weight, key=lambda m: (-weight[m], m))]
-    modules = f"{len(names)} module{'s' if len(names) > 1 else ''}" if len(names) > 1 else names[0]
-    shown = ": " + ", ".join(names[:3]) + (" ..." if len(names) > 3 else "") if len(names) > 1 else ""
-    return f"{len(fp32_idx)} in FP32 ({modules}){shown}"
 
 
 def drop(metric: float | None, base: Baseline, accept: Acceptance) -> float:
@@ -50,27 +37,38 @@ def best_trial(trials: Sequence[Trial], chosen: frozenset[OpInstance] | None) ->
 
 
 class SearchTrials:
-    """Trials by candidate index, as PrecisionSearch asks for them; a set asked for again is not evaluated again."""
+    """Trials by candidate index, as PrecisionSearch asks for them; a set asked for again is not evaluated again.
+
+    Each trial's label says what it changed from the trial before it (tuner.search.changes) and, when
+    `recorded` is given (the FP32 instances a plan would record once the overrides that change nothing are
+    dropped: `TuneSession.recorded`), how many instances its plan keeps FP32, counted as the summary counts.
+    """
 
     def __init__(self, evaluator: Evaluator, found: Candidates, base: Baseline, accept: Acceptance,
-                 options: TuneOptions) -> None:
+                 options: TuneOptions, recorded: Callable[[tuple[OpInstance, ...]], int] | None = None) -> None:
         self.evaluator = evaluator
         self.found = found
         self.base = base
         self.accept = accept
         self.options = options
+        self.recorded = recorded
         self._memo: dict[frozenset[int], Probe] = {}
+        self._last: tuple[str, ...] | None = None  # the FP32 labels of the trial before (None: none yet)
 
     def probe(self, fp32_idx: frozenset[int], scores: Mapping[OpInstance, float]) -> Probe:
-        """The candidates in `fp32_idx` stay FP32, the rest run low; `scores` (the ranking) word the label."""
+        """The candidates in `fp32_idx` stay FP32, the rest run low. `scores` (the ranking) is PrecisionSearch's
+        to use; the label is the change from the previous trial."""
         fp32_idx = self.evaluator.ranks.broadcast(fp32_idx)  # under torchrun every rank tests what rank 0 asks
         if fp32_idx in self._memo:  # asked again by the search: already counted and reported
             return self._memo[fp32_idx]
         fp32 = self.found.pick(fp32_idx)
         plan = plan_for(self.options, self.found.fp32_modules, fp32)
-        label = trial_label(fp32_idx, self.found, scores, self.options.dtype)
+        labels = tuple(sorted(c.label() for c in fp32))
+        kept = self.recorded(tuple(sorted(fp32))) if self.recorded is not None and fp32 else len(fp32)
+        label = Change.between(self._last, labels, kept).text(self.options.dtype)
+        self._last = labels
         try:
-            trial = self.evaluator.trial(plan, label, self.found.shares_without(fp32), self.accept)
+            trial = self.evaluator.trial(plan, label, self.found.shares_without(fp32), self.accept, kept)
         except (KeyboardInterrupt, Interrupted):
             raise SearchStopped(StopReason.INTERRUPTED) from None
         probe = Probe(trial.passed, drop(trial.metric, self.base, self.accept))

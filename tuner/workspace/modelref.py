@@ -82,7 +82,7 @@ def model_ref_for(user: UserModel, out: Path, *, build: str | None, eval: str | 
     digests: dict[str, Any] = {}
     if model is not None:
         digests = {"structure": structure_digest(model), "weights": weights or weights_digest(model),
-                   "source": source_digest(user.files or (model_path,))}
+                   "source": source_digest(user.files or ((model_path,) if model_path.is_file() else ()))}
     record: dict[str, Any] = {k: v for k, v in (fidelity or {}).items() if v is not None}
     record.update({k: _relative_to(Path(record[k]), out) for k in ("data", "tokenizer") if k in record})
     file = ("hf:" if user.hf else "") + _relative_to(model_path, out)

@@ -1,0 +1,35 @@
+"""`tuner.tune(...)` from Python: progress lines (progress=False: none) and `out=` writing the CLI's outputs."""
+import re
+
+import torch
+
+import tuner
+from tuner.core.output_files import COMMITTED, SHARDED_CHECKPOINT_NAME
+from tuner.testing import PlantedTask
+
+
+def test_progress_shows_each_trial_and_false_silences(capsys):
+    task = PlantedTask(8, 1, samples=128)
+    result = tuner.tune(task.build, task.evaluate, task.example_inputs, tolerance=0.002)
+    shown = capsys.readouterr().out
+    lines = re.findall(r"^eval +(\d+) +(base|pass|FAIL) ", shown, flags=re.M)
+    assert [int(n) for n, _ in lines] == [t.n for t in result.trials]
+    assert [v == "FAIL" for _, v in lines] == [not t.passed for t in result.trials]
+    assert "baseline 1; target >= 0.998" in shown
+    again = tuner.tune(task.build, task.evaluate, task.example_inputs, tolerance=0.002, progress=False)
+    assert capsys.readouterr().out == "" and again.plan == result.plan
+
+
+def test_out_writes_what_the_cli_writes_and_load_reads_it(tmp_path, capsys):
+    task = PlantedTask(8, 1, samples=128)
+    model = task.build()
+    result = tuner.tune(model, task.evaluate, task.example_inputs(), tolerance=0.002, out=tmp_path / "o",
+                        progress=False)
+    assert all((tmp_path / "o" / name).is_file() for name in COMMITTED if name != SHARDED_CHECKPOINT_NAME)
+    plan = tuner.Plan.load(tmp_path / "o")
+    assert plan.fp32_instances == result.plan.fp32_instances and plan.model.file.endswith("testing.py")
+    loaded = tuner.load(task.build(), tmp_path / "o")
+    x = task.example_inputs()[0]
+    assert torch.equal(loaded(x), tuner.load(task.build(), result.plan)(x))
+    assert task.evaluate(loaded) == result.metric
+    assert capsys.readouterr().out == ""

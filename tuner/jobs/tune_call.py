@@ -1,0 +1,87 @@
+"""`tuner.tune()`: the search from Python, with a progress display and, given `out=`, the CLI's outputs.
+
+`tuner.search.session.tune` is the search alone (silent: it reports typed events); this adds what a notebook
+or script user wants on top: progress as the CLI shows it (tuner.jobs.progress; `progress=False` for none)
+and `out=FOLDER`, which writes the same files `mpt tune --out FOLDER` writes (plan.yaml, model.safetensors,
+report.md, search.html, ...) through the same job (tuner.jobs.tune_run), so `tuner.load(build(), FOLDER)`
+loads the result.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from tuner.core.loader import UserModel
+from tuner.jobs.progress import ProgressDisplay
+from tuner.jobs.tune_run import tune_into_folder
+from tuner.options.tune import TuneOptions
+from tuner.search import session
+from tuner.search.builtin_metric import builtin_evaluate
+from tuner.search.results import TuneEvent, TuneResult
+
+
+def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Module], Any] | None = None,
+         example_inputs: Callable[[], Any] | Any = None, options: TuneOptions | None = None, *,
+         out: str | Path | None = None, progress: bool = True, resume: bool = False, overwrite: bool = False,
+         on_event: Callable[[TuneEvent], None] | None = None, **option_values: Any) -> TuneResult:
+    """Find the op instances that must stay FP32 for `evaluate(model)` to stay within tolerance.
+
+    `build` builds the FP32 model (or is the model: each trial then starts from a deep copy);
+    `evaluate(model)` returns the metric; options as keywords (`dtype="bf16", tolerance=0.005`) or as
+    `options=TuneOptions(...)` (tuner.search.session.tune says more). `progress=True` shows each trial as it
+    ends, in a terminal or a notebook. `out` writes the CLI's outputs into that folder (`resume`/`overwrite`
+    as `mpt tune --resume/--overwrite`). `on_event` receives the progress events as well.
+    """
+    display = ProgressDisplay() if progress else None
+
+    def emit(event: TuneEvent) -> None:
+        if display is not None:
+            display(event)
+        if on_event is not None:
+            on_event(event)
+
+    try:
+        if out is None:
+            return session.tune(build, evaluate, example_inputs, options, on_event=emit, **option_values)
+        opts = session.tune_options(options, option_values)
+        run = tune_into_folder(_user_model(build, evaluate, example_inputs, opts), opts, out, resume=resume,
+                               overwrite=overwrite, on_event=emit)
+        return run.result
+    finally:
+        if display is not None:
+            display.close()
+
+
+def _user_model(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Module], Any] | None,
+                example_inputs: Any, options: TuneOptions) -> UserModel:
+    """The functions as the CLI's loader would give them; the file that defines `build` (or the model's
+    class) is the plan's model file, so `mpt check` can find it when it is a real file. A built-in
+    `metric=` is the evaluate when named (its FP32 reference is then kept in memory, not in `out`)."""
+    if isinstance(build, nn.Module):
+        template = build
+        build_fn: Callable[[], nn.Module] = lambda: copy.deepcopy(template)  # noqa: E731
+        defined_by: Any = type(template)
+    else:
+        build_fn = defined_by = build
+    if options.metric is not None:
+        evaluate, example_inputs = builtin_evaluate(build_fn, example_inputs, options)
+    elif evaluate is None:
+        raise TypeError("tune(..., out=...) needs evaluate(model) -> metric, or metric= with data= or "
+                        "example_inputs")
+    inputs_fn = example_inputs if callable(example_inputs) or example_inputs is None else (lambda: example_inputs)
+    source = _source_file(defined_by)
+    return UserModel(path=source, build_fn=build_fn, eval_fn=evaluate, inputs_fn=inputs_fn,
+                     files=(source,) if source.is_file() else ())
+
+
+def _source_file(obj: Any) -> Path:
+    try:
+        found = inspect.getsourcefile(obj)
+    except TypeError:
+        found = None
+    return Path(found).resolve() if found else Path.cwd() / "model.py"

@@ -663,8 +663,10 @@ def evaluate(model):
              {"m.py": model_src(evaluate="def evaluate(model):\n    return float('nan')\n")}))
     add(Case("model: example_inputs raises (inspect)", ["inspect", f"{T}/m.py"], 4,
              {"m.py": model_src(inputs="def example_inputs():\n    raise OSError('sample file missing')\n")}))
-    add(Case("model: example_inputs returns a list (inspect)", ["inspect", f"{T}/m.py"], 4,
-             {"m.py": model_src(inputs="def example_inputs():\n    return [_data(2, 1)]\n")}))
+    add(Case("model: example_inputs returns a list of batches (inspect: the first is the example)",
+             ["inspect", f"{T}/m.py"], 0, {"m.py": model_src(inputs="def example_inputs():\n    return [_data(2, 1)]\n")}))
+    add(Case("model: example_inputs returns a list inside the list (inspect)", ["inspect", f"{T}/m.py"], 4,
+             {"m.py": model_src(inputs="def example_inputs():\n    return [[_data(2, 1)]]\n")}))
     wrong_shape = {"m.py": model_src(inputs="def example_inputs():\n    return (torch.randn(2, 5),)\n")}
     add(Case("model: forward raises on example_inputs (inspect)", ["inspect", f"{T}/m.py"], 4, wrong_shape))
     add(Case("model: forward raises on example_inputs (tune)", tune(), 4, wrong_shape))

@@ -94,13 +94,23 @@ Report = Callable[[Abort], None]
 
 def env_timeout() -> float:
     """Seconds a collective may wait: MPT_DIST_TIMEOUT, default 1800."""
-    value = os.environ.get(TIMEOUT_ENV, "").strip()
+    return _env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT)
+
+
+def env_join_timeout() -> float:
+    """Seconds the ranks have to find each other: MPT_DIST_JOIN_TIMEOUT, default 60."""
+    return _env_seconds(JOIN_TIMEOUT_ENV, DEFAULT_JOIN_TIMEOUT)
+
+
+def _env_seconds(name: str, default: float) -> float:
+    """A positive number of seconds from environment variable `name` (`default` when unset); ConfigError else."""
+    value = os.environ.get(name, "").strip()
     try:
-        seconds = float(value) if value else DEFAULT_TIMEOUT
+        seconds = float(value) if value else default
     except ValueError:
         seconds = -1.0
     if not math.isfinite(seconds) or seconds <= 0:
-        raise ConfigError(f"{TIMEOUT_ENV}={value!r}: expected seconds > 0")
+        raise ConfigError(f"{name}={value!r}: expected seconds > 0")
     return seconds
 
 
@@ -382,18 +392,6 @@ def _join(rank: int, size: int, device: str, seconds: float) -> tuple[Any, tuple
         raise ConfigError(f"the process group is rank {dist.get_rank()} of {dist.get_world_size()}, "
                           f"but RANK={rank} and WORLD_SIZE={size}")
     return group, tuple(owns)
-
-
-def env_join_timeout() -> float:
-    """Seconds the ranks have to find each other: MPT_DIST_JOIN_TIMEOUT, default 60."""
-    value = os.environ.get(JOIN_TIMEOUT_ENV, "").strip()
-    try:
-        seconds = float(value) if value else DEFAULT_JOIN_TIMEOUT
-    except ValueError:
-        seconds = -1.0
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ConfigError(f"{JOIN_TIMEOUT_ENV}={value!r}: expected seconds > 0")
-    return seconds
 
 
 def _rendezvous(rank: int, size: int, seconds: float) -> Any:

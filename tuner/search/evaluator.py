@@ -26,10 +26,11 @@ from torch import nn
 
 from tuner.core.errors import OutOfMemory, UserCodeError
 from tuner.core.inputs import ModelInputs
-from tuner.core.loader import user_site
+from tuner.core.loader import call_forward, user_site
 from tuner.core.memory import find_out_of_memory, free_memory, out_of_memory
 from tuner.engine.attach import attach, detach
 from tuner.measure.deployed import NotAsClaimed, stored_as, weight_dtypes
+from tuner.measure.inspection import relative_error
 from tuner.measure.lowering import ParameterUses, parameter_uses, predicted_lowered
 from tuner.measure.shares import Shares
 from tuner.policy.plan import Plan
@@ -225,6 +226,17 @@ class Evaluator:
                 yield model
             finally:
                 detach(model)
+
+    def output_error(self, plan: Plan, ref_out: Any) -> float | None:
+        """The relative error of `plan`'s output on the example inputs against `ref_out` (FP32's), with the
+        model exactly as a trial of `plan` runs it: one forward, no evaluate, not counted as an evaluation (the
+        search's guide, tuner.search.guide). inf when the output is not finite; None without example inputs
+        or when the outputs do not pair up."""
+        if self.inputs is None:
+            return None
+        with self.keeper.borrowed() as model, torch.no_grad(), self._deployed(model, plan):
+            error = relative_error(call_forward(model, self.inputs), ref_out)
+        return None if error is None else (error if math.isfinite(error) else math.inf)
 
     def lowered(self, model: nn.Module, plan: Plan) -> dict[str, torch.dtype]:
         """The parameters `plan`'s checkpoint stores lowered: predicted from one observation where the regions

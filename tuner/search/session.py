@@ -236,11 +236,30 @@ class TuneSession:
         search = PrecisionSearch([math.sqrt(sum(scores[found.instances[i]] ** 2 for i in u)) for u in units],
                                  lambda picked: trials.probe(frozenset(i for n in picked for i in units[n]), scores),
                                  costs=[sum(found.costs[found.instances[i]] for i in u) for u in units],
-                                 thorough=self.options.thorough, all_low_failed=True, all_low_drop=first.drop)
+                                 thorough=self.options.thorough, all_low_failed=True, all_low_drop=first.drop,
+                                 predict=self.guide(found, units))
         outcome = search.run()
         self.notes.extend(outcome.notes)
+        if search.guide is not None and search.guide.forwards:
+            self.notes.append(f"{search.guide.forwards} forwards on the example inputs guided the search "
+                              f"({search.guide.seconds:.1f} s)")
         chosen = None if outcome.fp32 is None else found.pick(frozenset(i for n in outcome.fp32 for i in units[n]))
         return chosen, outcome.stopped  # type: ignore[return-value]
+
+    def guide(self, found: Candidates, units: list[tuple[int, ...]]) -> Callable[[frozenset[int]], float] | None:
+        """The search's guide: a unit set kept FP32 -> the output error of its plan on the example inputs
+        (Evaluator.output_error). None under torchrun (every rank would have to run each forward together)
+        or when the output has no floating-point tensor to compare."""
+        if self.ranks.distributed:
+            return None
+
+        def error(picked: frozenset[int]) -> float:
+            fp32 = found.pick(frozenset(i for n in picked for i in units[n]))
+            value = self.evaluator.output_error(plan_for(self.options, found.fp32_modules, fp32), found.ref_out)
+            return math.inf if value is None else value
+
+        return error if self.evaluator.output_error(plan_for(self.options, found.fp32_modules, ()),
+                                                    found.ref_out) is not None else None
 
     # --- the answer ------------------------------------------------------------------------------------------
     def final_fp32(self, found: Candidates | None, chosen: frozenset[OpInstance] | None,

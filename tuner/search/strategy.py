@@ -28,17 +28,17 @@ testing (Hwang's generalized binary splitting), at more evaluations.
 """
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from tuner.search.calibration import ErrorModel, finite
+from tuner.search.guide import Guide
+
 GAP = 8.0  # score ratio that counts as a clear gap in the ranking
-AIM = 0.7  # extrapolating: place a probe where the predicted drop is this share of the allowed drop
-THRESHOLD = 0.98  # interpolating between a failing and a passing probe: aim just inside the target
-DEFAULT_P = 1.5  # drop ~ error^p: ~1 for agreement/accuracy metrics, ~2 for cosine and KL; until measured
 STOP_COST_SHARE = 0.01  # stop refining the cut once the undecided instances cost less than this share
 HEAVY_COST_SHARE = 0.001  # an FP32 instance worth trying to lower back: at least this share of the cost
+GAIN_COST_SHARE = 0.01  # guided: lowering back is worth an evaluation when it moves at least this share
 
 
 class SearchStopped(Exception):
@@ -93,61 +93,11 @@ def search_order(scores: Sequence[float], costs: Sequence[float] | None = None) 
     n = len(scores)
     cost = list(costs) if costs is not None else [1.0] * n
     g = gap_index(scores)
-    by_score = sorted(range(n), key=lambda i: (-_finite(scores[i]), i))
+    by_score = sorted(range(n), key=lambda i: (-finite(scores[i]), i))
     head = by_score[:g] if g is not None else []
     rest = [i for i in range(n) if i not in set(head)]
-    rest.sort(key=lambda i: (-_finite(scores[i]) ** 2 / max(cost[i], 1e-12), -_finite(scores[i]), i))
+    rest.sort(key=lambda i: (-finite(scores[i]) ** 2 / max(cost[i], 1e-12), -finite(scores[i]), i))
     return head + rest, g
-
-
-def _finite(x: float) -> float:
-    return 1e30 if not math.isfinite(x) else max(x, 0.0)
-
-
-class _ErrorModel:
-    """Predicted residual error of each prefix, and the drop = a·error^p fit that turns it into a probe."""
-
-    def __init__(self, ordered_scores: Sequence[float]) -> None:
-        squares = [min(_finite(s), 1e15) ** 2 for s in ordered_scores]
-        suffix = [0.0] * (len(squares) + 1)
-        for i in range(len(squares) - 1, -1, -1):
-            suffix[i] = suffix[i + 1] + squares[i]
-        self.residual = [math.sqrt(v) for v in suffix]  # residual[k]: error left with the first k in FP32
-        self.points: dict[int, float] = {}  # prefix length -> measured drop
-
-    def observe(self, k: int, drop: float | None) -> None:
-        if drop is not None and math.isfinite(drop) and drop > 0 and self.residual[k] > 0:
-            self.points[k] = drop
-
-    def guess(self, lo: int, hi: int) -> int | None:
-        """The prefix length the fit predicts for the target; None without data.
-
-        Between two measured ends of the bracket: interpolate (log drop against
-        log residual) to the target itself. From one side only: extrapolate,
-        aiming at AIM of the allowed drop so the probe lands on the passing side.
-        """
-        a, b = self.points.get(lo), self.points.get(hi)
-        if a is not None and b is not None and self.residual[lo] > self.residual[hi] * 1.0001:
-            p = math.log(a / b) / math.log(self.residual[lo] / self.residual[hi]) if a != b else 1.0
-            ref, aim = hi, THRESHOLD
-        elif self.points:
-            ref = min(self.points, key=lambda k: abs(math.log(self.points[k] / AIM)))
-            p, aim = self._exponent(), AIM
-        else:
-            return None
-        p = min(3.0, max(0.5, p))
-        wanted = self.residual[ref] * (aim / self.points[ref]) ** (1.0 / p)
-        neg = [-r for r in self.residual]  # residual is non-increasing in k
-        return bisect.bisect_left(neg, -wanted)
-
-    def _exponent(self) -> float:
-        """drop ~ error^p across the probes so far; DEFAULT_P until two probes differ in residual."""
-        known = sorted(self.points)
-        a, b = known[0], known[-1]
-        ra, rb = self.residual[a], self.residual[b]
-        if len(known) < 2 or ra <= rb * 1.0001 or self.points[a] == self.points[b]:
-            return DEFAULT_P
-        return math.log(self.points[a] / self.points[b]) / math.log(ra / rb)
 
 
 class PrecisionSearch:
@@ -156,25 +106,29 @@ class PrecisionSearch:
     Bounds are the caller's: its `test` raises SearchStopped, and the outcome
     keeps the best FP32 set confirmed before that. `costs` weigh the order
     (default: all equal); `extra_probes` is the slack over ceil(log2 N) the
-    cut may spend on calibrated guesses.
+    cut may spend on calibrated guesses. `predict` (FP32 set -> the plan's output error on the example
+    inputs, one cheap forward: `tuner.search.guide`) guides the order, the probes and the lowering back.
     """
 
     def __init__(self, scores: Sequence[float], test: Callable[[frozenset[int]], Probe | bool], *,
                  costs: Sequence[float] | None = None, thorough: bool = False, all_low_failed: bool = False,
-                 all_low_drop: float | None = None, extra_probes: int = 1) -> None:
+                 all_low_drop: float | None = None, extra_probes: int = 1,
+                 predict: Callable[[frozenset[int]], float] | None = None) -> None:
         self.scores = list(scores)
         self.costs = list(costs) if costs is not None else [1.0] * len(self.scores)
         self._test = test
         self.thorough = thorough
         self.all_low_failed = all_low_failed
         self.order, self.gap = search_order(self.scores, self.costs)
-        self.model = _ErrorModel([self.scores[i] for i in self.order])
+        self.model = ErrorModel([self.scores[i] for i in self.order])
         self.model.observe(0, all_low_drop)
         self.budget = math.ceil(math.log2(max(2, len(self.scores)))) + extra_probes
         self.count = 0
         self.best: frozenset[int] | None = None
         self.notes: list[str] = []
         self.tested: dict[int, bool] = {}
+        self.guide = Guide(predict) if predict is not None else None
+        self.weight = [finite(s) ** 2 for s in self.scores]  # each item's error, squared (errors add so)
 
     # --- tests ------------------------------------------------------------------------------------------------
     def test(self, fp32: frozenset[int]) -> Probe:
@@ -198,6 +152,10 @@ class PrecisionSearch:
     def _cost(self, items: frozenset[int]) -> tuple[float, int]:
         return sum(self.costs[i] for i in items), len(items)
 
+    def _left(self) -> int:
+        """Probes left within the bound."""
+        return self.budget - self.count + (0 if self.all_low_failed else 1)
+
     # --- the search -------------------------------------------------------------------------------------------
     def run(self) -> SearchOutcome:
         try:
@@ -217,6 +175,8 @@ class PrecisionSearch:
         if n == 0:
             return False
         self.tested[0] = False
+        if self.guide is not None:
+            self._observe_prefixes()
         lo, hi, trusted = self._gap_probes(n)
         if not trusted:
             lo, hi = self._cut(lo, hi)
@@ -225,8 +185,44 @@ class PrecisionSearch:
         if self.thorough and hi > 1:
             self._prove_necessary(self.order[:hi])
         elif not trusted and self.tested.get(hi):
-            self._lower_heavy(self.order[:hi])
+            if self.guide is not None:
+                self._lower_guided(self.order[:hi])
+            else:
+                self._lower_heavy(self.order[:hi])
         return trusted
+
+    def _observe_prefixes(self) -> None:
+        """Observed output errors replace the predicted residuals; a ranking they contradict gives way to an
+        order from each item's own observed effect (without a gap: a gap is its own evidence)."""
+        assert self.guide is not None
+        errors = self.guide.prefix_errors(self.order)
+        if self.gap is None and self.guide.misleads(self.model.residual, errors):
+            self.order, effect = self.guide.observed_order(len(self.scores), self.costs)
+            self.weight = effect
+            self.notes.append("the ranking did not predict the output error of its own prefixes; the order "
+                              "comes from each unit's observed effect instead")
+            errors = self.guide.prefix_errors(self.order)
+        self.model.use_observed(errors)
+
+    def _lower_guided(self, fp32: list[int]) -> None:
+        """Lower back together the FP32 units the calibrated fit predicts safe (observed errors, one forward
+        each), while probes are left and the gain is worth an evaluation (GAIN_COST_SHARE of the cost)."""
+        assert self.guide is not None
+        total = sum(self.costs) or 1.0
+        keep, refused = frozenset(fp32), set()
+        while self._left() > 0:
+            pool = sorted((i for i in keep if i not in refused and self.costs[i] >= GAIN_COST_SHARE * total),
+                          key=lambda i: -self.costs[i] / max(self.weight[i], 1e-30))
+            block = self.guide.safe_block(self.model, keep, pool)
+            if not block:
+                return
+            trial = keep - set(block)
+            probe = self.test(trial)
+            self.model.observe_error(self.guide.error(trial), probe.drop)
+            if probe.passed:
+                keep = trial
+            elif len(block) == 1:
+                refused.add(block[0])
 
     def _lower_heavy(self, fp32: list[int]) -> None:
         """With probes left within the bound: try lowering, one at a time, the FP32 instances that cost most
@@ -234,9 +230,9 @@ class PrecisionSearch:
         total = sum(self.costs) or 1.0
         keep = set(fp32)
         heavy = sorted((i for i in fp32 if self.costs[i] > HEAVY_COST_SHARE * total),
-                       key=lambda i: -self.costs[i] / max(_finite(self.scores[i]) ** 2, 1e-30))
+                       key=lambda i: -self.costs[i] / max(finite(self.scores[i]) ** 2, 1e-30))
         for item in heavy:
-            if self.count - (0 if self.all_low_failed else 1) >= self.budget:
+            if self._left() <= 0:
                 break
             if self.test(frozenset(keep - {item})).passed:
                 keep.discard(item)
@@ -267,6 +263,10 @@ class PrecisionSearch:
                 self.notes.append(f"stopped refining the cut: the {hi - lo - 1} undecided instances hold under "
                                   f"{STOP_COST_SHARE:.0%} of the candidates' cost; they stay in FP32")
                 break
+            if self.guide is not None:  # prefixes that leave the error of a failed one would fail as well
+                lo = self.guide.first_informative(self.model, lo, hi) - 1
+                if hi - lo <= 1:
+                    break
             m = self._next_probe(lo, hi)
             if self._probe_prefix(m):
                 hi = m
@@ -276,7 +276,7 @@ class PrecisionSearch:
 
     def _next_probe(self, lo: int, hi: int) -> int:
         """The calibrated guess, clamped so the bracket shrinks at least as fast as the probes left require."""
-        left = max(1, self.budget - self.count + (0 if self.all_low_failed else 1))
+        left = max(1, self._left())
         need = math.ceil(math.log2(hi - lo))
         mid = (lo + hi) // 2
         if left < need:  # the bound is already lost (a bound of the caller, a noisy metric): bisect

@@ -1,0 +1,106 @@
+"""Cheap forwards that guide the search: the output error of a candidate plan on the example inputs.
+
+A full evaluation runs the user's `evaluate`; a forward of the model as a trial would run it, on the example
+inputs, costs a fraction of that and says how far the plan's output moves from FP32's (`predict`, a relative
+error; inf when the output overflows). PrecisionSearch uses it three ways (issue 18):
+- the order: the error left by each prefix of the ranking's order is observed, not inferred from linearized
+  scores; when those errors do not fall as the ranking says (a ranking that does not predict), the order is
+  rebuilt from each unit's own observed effect (`observed_order`);
+- the probes: a prefix whose error equals a failed probe's within SAME_ERROR would fail too, so no full
+  evaluation is spent on it (`first_informative`); an overflowing plan is never evaluated;
+- lowering back: the units the calibrated fit predicts safe to lower go back together (`safe_block`).
+The guide never approves a plan: every plan reported is one a full evaluation confirmed.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+
+from tuner.search.calibration import ErrorModel, finite
+
+SAME_ERROR = 0.02  # a prefix whose output error is within 2% of a failed one's is predicted to fail too
+MISLEADS = 0.9  # a ranking misleads when half of its predicted error is removed and the observed falls < 10%
+IMPROVE_AIM = 0.85  # lower units back while the predicted drop stays under this share of the allowed drop
+SINGLE_AIM = 1.25  # no block fits: the one unit predicted closest to passing is still worth a probe below this
+MAX_PREFIXES = 64  # prefixes observed one by one; more are sampled and interpolated
+MAX_IMPROVE_UNITS = 16  # units weighed for lowering back per round (one forward each)
+
+
+class Guide:
+    """`predict(fp32_items) -> output error`, memoized, counted (`forwards`) and timed (`seconds`)."""
+
+    def __init__(self, predict: Callable[[frozenset[int]], float]) -> None:
+        self._predict = predict
+        self._known: dict[frozenset[int], float] = {}
+        self.forwards = 0
+        self.seconds = 0.0
+
+    def error(self, fp32: frozenset[int]) -> float:
+        if fp32 not in self._known:
+            self.forwards += 1
+            t0 = time.monotonic()
+            value = self._predict(fp32)
+            self.seconds += time.monotonic() - t0
+            self._known[fp32] = value if math.isfinite(value) else math.inf
+        return self._known[fp32]
+
+    def prefix_errors(self, order: Sequence[int]) -> list[float]:
+        """The observed error with the first k items of `order` in FP32, k = 0..N (sampled and interpolated
+        linearly beyond MAX_PREFIXES, with both ends always observed)."""
+        n = len(order)
+        ks = sorted({round(n * j / (MAX_PREFIXES - 1)) for j in range(MAX_PREFIXES)}) if n >= MAX_PREFIXES \
+            else list(range(n + 1))
+        seen = {k: self.error(frozenset(order[:k])) for k in ks}
+        out = []
+        for k in range(n + 1):
+            if k in seen:
+                out.append(seen[k])
+                continue
+            right = next(j for j in ks if j > k)
+            left = max(j for j in ks if j < k)
+            a, b = finite(seen[left]), finite(seen[right])
+            out.append(a + (b - a) * (k - left) / (right - left))
+        return out
+
+    @staticmethod
+    def misleads(predicted: Sequence[float], observed: Sequence[float]) -> bool:
+        """True when the prefix that removes half of the predicted error leaves the observed error almost as
+        it was: the ranking's head does not hold what the output error is made of."""
+        if not observed or not 0 < observed[0] < math.inf or predicted[0] <= 0:
+            return False
+        half = next((k for k, r in enumerate(predicted) if r <= predicted[0] / math.sqrt(2)), None)
+        return half is not None and 0 < half < len(observed) - 1 and observed[half] >= MISLEADS * observed[0]
+
+    def observed_order(self, items: int, costs: Sequence[float]) -> tuple[list[int], list[float]]:
+        """Items ordered by the error each removes when it alone goes to FP32 from the all-low plan
+        (e0² − e({i})²), per unit of cost; and those effects (N forwards)."""
+        e0 = finite(self.error(frozenset()))
+        effect = [max(e0 ** 2 - finite(self.error(frozenset({i}))) ** 2, 0.0) for i in range(items)]
+        order = sorted(range(items), key=lambda i: (-effect[i] / max(costs[i], 1e-12), -effect[i], i))
+        return order, effect
+
+    def first_informative(self, model: ErrorModel, lo: int, hi: int) -> int:
+        """The shortest prefix in (lo, hi) whose observed error is measurably below prefix lo's (failed);
+        hi when there is none."""
+        bar = model.residual[lo] * (1.0 - SAME_ERROR)
+        return next((k for k in range(lo + 1, hi) if model.residual[k] < bar), hi)
+
+    def safe_block(self, model: ErrorModel, keep: frozenset[int], pool: Sequence[int]) -> list[int]:
+        """The items of `pool` (best first) that can go back to the lower precision together while the fit
+        predicts a drop under IMPROVE_AIM (one forward per item weighed); when none fits, the one predicted
+        closest to passing if under SINGLE_AIM (the prediction is a fit, not a measurement)."""
+        block: list[int] = []
+        alone: list[tuple[float, int]] = []
+        for item in pool[:MAX_IMPROVE_UNITS]:
+            predicted = model.predicted_drop(self.error(keep - set(block) - {item}))
+            if predicted is None:
+                continue
+            if not block:
+                alone.append((predicted, item))
+            if predicted <= IMPROVE_AIM:
+                block.append(item)
+        if block or not alone:
+            return block
+        predicted, item = min(alone)
+        return [item] if predicted <= SINGLE_AIM else []

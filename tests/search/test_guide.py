@@ -1,0 +1,157 @@
+"""The search's guide: observed output errors order the search, spare uninformative probes, and lower back."""
+import math
+import random
+
+from tuner.search.calibration import ErrorModel
+from tuner.search.guide import Guide
+from tuner.search.strategy import PrecisionSearch, Probe
+
+
+def quadrature(true, allowed, p=2.0):
+    """An oracle whose output error is the quadrature sum of the true errors left low, and the metric's drop
+    (error / allowed)^p: the guide sees `error` exactly, the search only the (misleading) scores."""
+    def error(fp32):
+        return math.sqrt(sum(t * t for i, t in enumerate(true) if i not in fp32))
+
+    def test(fp32):
+        drop = (error(fp32) / allowed) ** p
+        return Probe(drop <= 1.0, drop)
+
+    return error, test
+
+
+def test_a_ranking_that_does_not_predict_is_replaced_by_observed_effects():
+    rng = random.Random(0)
+    n = 40
+    true = [rng.lognormvariate(0, 1) for _ in range(n)]
+    scores = [1.0 / t for t in true]  # the ranking is backwards: it puts the harmless units first
+    error, test = quadrature(true, allowed=0.5 * math.sqrt(sum(t * t for t in true)))
+    probes = []
+
+    def counted(fp32):
+        probes.append(fp32)
+        return test(fp32)
+
+    first = test(frozenset())
+    search = PrecisionSearch(scores, counted, all_low_failed=True, all_low_drop=first.drop, predict=error)
+    out = search.run()
+    assert any("did not predict" in note for note in out.notes)
+    assert out.fp32 is not None and test(out.fp32).passed
+    # the units kept FP32 are the ones that matter: the largest true errors
+    kept = sorted(out.fp32, key=lambda i: -true[i])
+    assert set(kept) <= set(sorted(range(n), key=lambda i: -true[i])[: len(kept) + 2])
+    assert out.evals + 3 <= math.ceil(math.log2(n)) + 4
+    # the same backwards ranking without the guide: more FP32 kept for the same target
+    blind = PrecisionSearch(scores, test, all_low_failed=True, all_low_drop=first.drop).run()
+    assert blind.fp32 is not None and len(blind.fp32) > len(out.fp32)
+
+
+def test_no_evaluation_is_spent_on_a_prefix_predicted_equal_to_the_failed_all_low_plan():
+    n = 30
+    true = [0.0] * 20 + [1.0] * 10  # the first 20 in the order change nothing: their prefixes fail like all-low
+    scores = [2.0] * 20 + [1.0] * 10
+    error, test = quadrature(true, allowed=math.sqrt(3.0))
+    tested = []
+
+    def counted(fp32):
+        tested.append(fp32)
+        return test(fp32)
+
+    first = test(frozenset())
+    out = PrecisionSearch(scores, counted, all_low_failed=True, all_low_drop=first.drop, predict=error).run()
+    assert out.fp32 is not None and test(out.fp32).passed
+    assert all(len(fp32 & set(range(20, 30))) > 0 for fp32 in tested)  # never a prefix of the no-op units alone
+    assert error(out.fp32) <= math.sqrt(3.0)
+
+
+def test_overflowing_plans_are_never_evaluated():
+    n = 24
+    true = [0.1] * n
+
+    def error(fp32):
+        return math.inf if 5 not in fp32 else math.sqrt(sum(0.01 for i in range(n) if i not in fp32))
+
+    def test(fp32):
+        e = error(fp32)
+        drop = math.inf if math.isinf(e) else (e / 0.3) ** 2
+        return Probe(drop <= 1.0, drop)
+
+    tested = []
+
+    def counted(fp32):
+        tested.append(fp32)
+        return test(fp32)
+
+    scores = [1.0] * n  # the ranking does not know which one overflows
+    out = PrecisionSearch(scores, counted, all_low_failed=True, all_low_drop=math.inf, predict=error).run()
+    assert all(5 in fp32 for fp32 in tested)
+    assert out.fp32 is not None and 5 in out.fp32 and test(out.fp32).passed
+    assert true  # the error model: every unit adds the same
+
+
+def test_lowering_back_goes_in_blocks_the_fit_predicts_safe():
+    # a cheap fragile unit and many heavy harmless ones, ranked so that the cut sweeps heavy ones in
+    n = 20
+    true = [3.0] + [0.05] * (n - 1)
+    scores = [1.0] * n
+    costs = [1.0] + [100.0] * (n - 1)
+    error, test = quadrature(true, allowed=1.0)
+    first = test(frozenset())
+    out = PrecisionSearch(scores, test, costs=costs, all_low_failed=True, all_low_drop=first.drop,
+                          predict=error).run()
+    assert out.fp32 is not None and 0 in out.fp32 and test(out.fp32).passed
+    assert len(out.fp32) <= 3  # the heavy harmless units went back to the lower precision
+
+
+def test_guide_memoizes_and_interpolates_long_orders():
+    calls = []
+
+    def predict(fp32):
+        calls.append(fp32)
+        return 1.0 - len(fp32) / 200
+
+    guide = Guide(predict)
+    errors = guide.prefix_errors(list(range(200)))
+    assert len(errors) == 201 and guide.forwards == len(calls) <= 64
+    assert errors[0] == 1.0 and errors[200] == 0.0
+    assert all(abs(errors[k] - (1.0 - k / 200)) < 1e-9 for k in range(201))  # linear between samples
+    guide.error(frozenset())
+    assert guide.forwards == len(calls)  # asked again: not run again
+
+
+def test_error_model_fits_the_exponent_of_the_measured_points():
+    model = ErrorModel([1.0] * 4)
+    model.observe_error(1.0, 4.0)
+    model.observe_error(0.5, 1.0)  # drop ~ error^2
+    assert abs(model.exponent() - 2.0) < 1e-9
+    assert abs(model.predicted_drop(0.25) - 0.25) < 1e-9
+    assert model.predicted_drop(math.inf) == math.inf
+    assert ErrorModel([1.0]).predicted_drop(0.5) is None  # nothing measured yet
+
+
+def test_a_real_tune_is_guided_and_reports_only_evaluated_plans():
+    import torch
+    from torch import nn
+
+    from tuner.search.session import tune
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 32)
+
+    def build():
+        torch.manual_seed(1)
+        return nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 64), nn.LayerNorm(64),
+                             nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 10)).eval()
+
+    ref = build()(x).detach()
+
+    def evaluate(model):  # the output's relative error, lower is better
+        with torch.no_grad():
+            return float((model(x) - ref).norm() / ref.norm())
+
+    result = tune(build, evaluate, (x[:16],), dtype="bf16", tolerance=3e-3, absolute=True, lower_is_better=True)
+    assert result.trials[2].metric > 3e-3  # all-low fails: the search has to decide
+    assert result.metric is not None and result.metric <= result.target
+    assert any("guided the search" in note for note in result.notes)
+    evaluated = {t.fp32 for t in result.trials if t.passed and not t.baseline}
+    assert tuple(sorted(i.label() for i in result.plan.fp32_instances)) in evaluated

@@ -153,5 +153,6 @@ def test_a_real_tune_is_guided_and_reports_only_evaluated_plans():
     assert result.trials[2].metric > 3e-3  # all-low fails: the search has to decide
     assert result.metric is not None and result.metric <= result.target
     assert any("guided the search" in note for note in result.notes)
-    evaluated = {t.fp32 for t in result.trials if t.passed and not t.baseline}
-    assert tuple(sorted(i.label() for i in result.plan.fp32_instances)) in evaluated
+    chosen = result.trials[result.chosen - 1]  # the plan is a trial's set, less overrides that change nothing
+    assert chosen.passed and not chosen.baseline and chosen.metric == result.metric
+    assert {i.label() for i in result.plan.fp32_instances} <= set(chosen.fp32)

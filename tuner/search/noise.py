@@ -80,3 +80,33 @@ class Acceptance:
         if metric is None or not math.isfinite(metric):
             return False
         return self._clearance(metric) >= -self.margin
+
+
+COARSE_STEPS = 4.0  # a tolerance of fewer metric steps than this leaves a plan's fate to a few samples
+
+
+def metric_step(values: list[float]) -> float | None:
+    """The step a discrete metric moves in (accuracy over M samples: 1/M), from the values measured so far;
+    None when they are too few (under 3 distinct) or not whole multiples of one step."""
+    distinct = sorted({round(v, 12) for v in values if math.isfinite(v)})
+    if len(distinct) < 3:
+        return None
+    gaps = [b - a for a, b in zip(distinct, distinct[1:], strict=False)]
+    step = min(gaps)
+    if step <= 0:
+        return None
+    wiggle = max(1e-6 * max(abs(v) for v in distinct), 1e-3 * step)  # float32 metrics round their steps
+    whole = all(abs(g / step - round(g / step)) * step <= wiggle for g in gaps)
+    return step if whole else None
+
+
+def coarse_metric_note(values: list[float], allowed: float) -> str | None:
+    """A note when the tolerance spans only a few steps of a discrete metric: which plans pass is then
+    decided by a handful of samples flipping, a result that may not hold on other data."""
+    step = metric_step(values)
+    if step is None or allowed <= 0 or allowed / step >= COARSE_STEPS:
+        return None
+    return (f"evaluate's metric moves in steps of {step:.3g} and the tolerance allows {allowed / step:.1f} of "
+            "them: whether a plan passes is decided by a few samples changing their answer, so the plan may "
+            "not hold on other data; a continuous metric (--metric cosine or kl) or more evaluation data gives "
+            "a steadier answer")

@@ -33,7 +33,7 @@ from tuner.search.builtin_metric import builtin_evaluate
 from tuner.search.candidates import Candidates, find_candidates
 from tuner.search.distributed import Ranks, SharedJournal
 from tuner.search.evaluator import Bounds, Evaluator
-from tuner.search.noise import Acceptance, Baseline, measure_baseline
+from tuner.search.noise import Acceptance, Baseline, coarse_metric_note, measure_baseline
 from tuner.search.plans import no_op_overrides, plan_for
 from tuner.search.results import (
     BaselineMeasured,
@@ -304,6 +304,10 @@ class TuneSession:
                                  "evaluations": ev.evals, "candidates": len(candidates),
                                  "status": status.value, "stopped": stopped.value if stopped else None})
         notes, warnings = list(self.notes), list(self.warnings)
+        coarse = coarse_metric_note([t.metric for t in ev.trials if t.metric is not None],
+                                    abs(base.value - accept.target))
+        if coarse and found is not None and found.instances and base.spread == 0:
+            notes.append(coarse)
         leaked = self.keeper.guard.warning()
         if leaked:
             warnings.append(leaked)

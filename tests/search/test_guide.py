@@ -47,7 +47,6 @@ def test_a_ranking_that_does_not_predict_is_replaced_by_observed_effects():
 
 
 def test_no_evaluation_is_spent_on_a_prefix_predicted_equal_to_the_failed_all_low_plan():
-    n = 30
     true = [0.0] * 20 + [1.0] * 10  # the first 20 in the order change nothing: their prefixes fail like all-low
     scores = [2.0] * 20 + [1.0] * 10
     error, test = quadrature(true, allowed=math.sqrt(3.0))

@@ -37,6 +37,7 @@ from torch import nn  # noqa: E402
 
 from tuner.options.tune import TuneOptions  # noqa: E402
 from tuner.search.session import tune  # noqa: E402
+from tuner.testing import PlantedTask  # noqa: E402
 
 SPLIT_BASE = {"dev": 0, "heldout": 100_000, "dev2": 200_000}
 SPLIT_PREFIX = {"dev": "d", "heldout": "h", "dev2": "e"}
@@ -344,6 +345,18 @@ def run_task(index: int, split: str, oracle_cap: int) -> dict[str, Any]:
             "secs": (t1 - t0, t2 - t1)}
 
 
+def planted_pairs(seeds: int = 3) -> list[list[Any]]:
+    """Two fragile linears among 50 (`tuner.testing.PlantedTask(50, 2)`): evaluations and whether the plan is
+    exactly the planted pair, per seed."""
+    rows = []
+    for seed in range(seeds):
+        task = PlantedTask(50, 2, seed)
+        res = tune(task.build, task.evaluate, task.example_inputs, TuneOptions())
+        got = {i.label() for i in res.plan.fp32_instances}
+        rows.append([f"PlantedTask(50, 2, seed={seed})", res.evals, got == task.build().fragile_labels()])
+    return rows
+
+
 def fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}"
 
@@ -368,6 +381,9 @@ def report(rows: list[dict[str, Any]]) -> None:
     if not done:
         print("\nno task ran")
         return
+    planted = planted_pairs()
+    print("\n### Planted: 2 fragile linears among 50\n")
+    print(table(["task", "evals", "plan is exactly the pair"], [[n, e, "yes" if x else "NO"] for n, e, x in planted]))
     ratios = [r["ratio"] for r in done]
     evals = [r["evals"] for r in done]
     over = [r["task"].name for r in done if r["evals"] > r["bound"]]
@@ -380,6 +396,9 @@ def report(rows: list[dict[str, Any]]) -> None:
         ["evals within ceil(log2 N)+4 on every task", f"{len(over)} over" + (f" ({', '.join(over)})" if over else ""),
          pass_fail(not over)],
         ["median evals <= 6", f"{statistics.median(evals):g}", pass_fail(statistics.median(evals) <= 6)],
+        ["planted 2 of 50: <= 5 evals, exactly the pair", f"evals {max(e for _, e, _ in planted)} at most, "
+         f"{sum(x for _, _, x in planted)} of {len(planted)} exact",
+         pass_fail(all(e <= 5 and x for _, e, x in planted))],
     ]))
 
 

@@ -21,8 +21,14 @@ probes so far (the all-low trial is the first point). The guess is clamped so
 that the bracket always shrinks at least as fast as bisection would with the
 probes left, so the cut costs at most ceil(log2 N) + 1 probes, usually fewer,
 and it stops early once the undecided instances hold under 1% of the cost.
-Probes left within that bound then try lowering back, one at a time, the
-prefix's heaviest instances per unit of error (`_lower_heavy`).
+Probes left within that bound then lower back the prefix's heavy instances.
+
+With `predict` (a plan's observed output error on the example inputs, one cheap
+forward: tuner.search.guide) the residuals are observed rather than inferred,
+a ranking they contradict is rebuilt from observed effects, prefixes predicted
+to fail like a failed probe cost no evaluation, and lowering back goes in blocks
+the calibrated fit predicts safe (`_lower_guided`); without it, one at a time,
+heaviest per unit of error first (`_lower_heavy`).
 `thorough=True` then proves every instance of the prefix necessary by group
 testing (Hwang's generalized binary splitting), at more evaluations.
 """

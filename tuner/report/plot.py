@@ -4,7 +4,7 @@ from __future__ import annotations
 import html
 import math
 
-from tuner.report.labels import place_labels
+from tuner.report.labels import Box, marker_box, place_labels
 from tuner.report.metric_text import fmt_metric
 from tuner.report.outcome import TuneReport
 from tuner.report.verdict import run_digits
@@ -42,6 +42,10 @@ def svg_plot(result: TuneResult, report: TuneReport) -> str:
     y = lambda m: h - bottom - (m - lo) / (hi - lo) * (h - top - bottom)  # noqa: E731
     ty = y(result.target)
     d = run_digits(result, report)
+    target_text = f"target {fmt_metric(result.target, d)}"
+    target_y = ty + 15 if result.baseline >= result.target else ty - 6
+    # what no trial number may cover besides the dots: the target's text (12px) and the chosen plan's diamond
+    obstacles: list[Box] = [(left + 28, target_y - 11, left + 28 + 7.5 * len(target_text), target_y + 3)]
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" '
              f'font-size="12" role="img" aria-label="metric against lower-precision FLOP share">',
              f'<rect x="{left}" y="{top}" width="{w - left - right}" height="{h - top - bottom}" fill="#fcfcfc" '
@@ -59,8 +63,7 @@ def svg_plot(result: TuneResult, report: TuneReport) -> str:
               'text-anchor="middle">metric</text>',
               f'<line x1="{left}" x2="{w - right}" y1="{ty:.1f}" y2="{ty:.1f}" stroke="#c00" stroke-dasharray="6,4"/>',
               # at the left, on the side away from the baseline: clear of the plans (right) and the baseline
-              f'<text x="{left + 28}" y="{ty + 15 if result.baseline >= result.target else ty - 6:.1f}" '
-              f'fill="#c00">target {fmt_metric(result.target, d)}</text>']
+              f'<text x="{left + 28}" y="{target_y:.1f}" fill="#c00">{target_text}</text>']
     lower_is_better = bool(result.plan.metrics.get("lower_is_better")) if result.plan.metrics else False
     front = _front([(t.shares.flop_share, m) for t, m in points if t.passed], lower_is_better)
     if len(front) > 1:
@@ -73,12 +76,14 @@ def svg_plot(result: TuneResult, report: TuneReport) -> str:
         if t.n == result.chosen:
             parts.append(f'<path d="M{cx:.1f},{cy - 10:.1f} L{cx + 10:.1f},{cy:.1f} L{cx:.1f},{cy + 10:.1f} '
                          f'L{cx - 10:.1f},{cy:.1f} Z" fill="none" stroke="#0550ae" stroke-width="2.5"/>')
+            obstacles.append(marker_box(cx, cy, 11.5))  # the diamond's reach with half its stroke
+        obstacles.append(marker_box(cx, cy))
         parts.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="5" fill="{color}" fill-opacity="0.8">'
                      f'<title>trial {t.n}: {html.escape(t.label)}; metric {fmt_metric(metric, d)}; '
                      f'{t.shares.short()}</title></circle>')
         labels.setdefault((round(cx), round(cy)), []).append(t.n)
     area = (left, top, w - right, h - bottom)
-    for label in place_labels(labels, area):
+    for label in place_labels(labels, area, obstacles):
         parts.append(f'<text x="{label.x:.0f}" y="{label.y:.0f}" text-anchor="{label.anchor}" font-size="11">'
                      f'{label.text}</text>')
     parts += _legend(left, top)

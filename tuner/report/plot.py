@@ -53,7 +53,7 @@ def svg_plot(result: TuneResult, report: TuneReport) -> str:
     ticks, decimals = _nice_ticks(lo, hi)
     for val in ticks:
         parts.append(f'<line x1="{left}" x2="{w - right}" y1="{y(val):.1f}" y2="{y(val):.1f}" stroke="#eee"/>'
-                     f'<text x="{left - 6}" y="{y(val) + 4:.1f}" text-anchor="end">{val:.{decimals}f}</text>')
+                     f'<text x="{left - 9}" y="{y(val) + 4:.1f}" text-anchor="end">{val:.{decimals}f}</text>')
     for frac in (0, 0.25, 0.5, 0.75, 1.0):
         parts.append(f'<line x1="{x(frac):.1f}" x2="{x(frac):.1f}" y1="{top}" y2="{h - bottom}" stroke="#eee"/>'
                      f'<text x="{x(frac):.1f}" y="{h - bottom + 16}" text-anchor="middle">{frac:.0%}</text>')

@@ -31,13 +31,16 @@ def _front(pts: list[tuple[float, float]], lower_is_better: bool) -> list[tuple[
 def svg_plot(result: TuneResult, report: TuneReport) -> str:
     """Metric against the lower-precision FLOP share: every trial numbered, the target, the chosen plan."""
     points = [(t, t.metric) for t in report.trials if t.metric is not None and math.isfinite(t.metric)]
-    w, h, left, right, top, bottom = 760, 440, 78, 24, 56, 58
+    w, h, right, top, bottom = 760, 440, 24, 56, 58
     metrics = [m for _, m in points] + [result.target, result.baseline]
     lo, hi = min(metrics), max(metrics)
     if hi - lo < 1e-12:
         lo, hi = lo - max(1e-3, abs(lo) * 0.01), hi + max(1e-3, abs(hi) * 0.01)
     span = hi - lo
     lo, hi = lo - 0.08 * span, hi + 0.08 * span
+    ticks, decimals = _nice_ticks(lo, hi)
+    # room for the widest tick label (12px digits at most 7.7 px) right of the rotated axis title at x=24
+    left = max(78, 36 + math.ceil(7.7 * max(len(f"{v:.{decimals}f}") for v in ticks)))
     x = lambda s: left + s * (w - left - right)  # noqa: E731
     y = lambda m: h - bottom - (m - lo) / (hi - lo) * (h - top - bottom)  # noqa: E731
     ty = y(result.target)
@@ -50,7 +53,6 @@ def svg_plot(result: TuneResult, report: TuneReport) -> str:
              f'font-size="12" role="img" aria-label="metric against lower-precision FLOP share">',
              f'<rect x="{left}" y="{top}" width="{w - left - right}" height="{h - top - bottom}" fill="#fcfcfc" '
              'stroke="#888"/>']
-    ticks, decimals = _nice_ticks(lo, hi)
     for val in ticks:
         parts.append(f'<line x1="{left}" x2="{w - right}" y1="{y(val):.1f}" y2="{y(val):.1f}" stroke="#eee"/>'
                      f'<text x="{left - 9}" y="{y(val) + 4:.1f}" text-anchor="end">{val:.{decimals}f}</text>')

@@ -1,7 +1,8 @@
 """README's GitHub Actions workflow installs mpt the way a user can and runs commands the README tests run.
 
 Running the workflow's steps themselves (a fresh clone, a fresh venv, pip installing torch and mpt) takes
-minutes and a package index, so it is done by hand (the README says so); this keeps the workflow in step
+minutes and a package index, so it is done by hand with tests/e2e/run_readme_workflow.py (the README says
+so); this keeps the workflow in step
 with what can break: the package name, the install source, the commands and the files it says to commit.
 """
 from __future__ import annotations

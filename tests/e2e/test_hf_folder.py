@@ -10,6 +10,7 @@ import yaml
 from safetensors.torch import save_file
 
 from mpt_cli import exitcodes
+from tuner import attached as tuner_attached
 from tests.cli.test_bad_input import assert_error, mpt
 
 transformers = pytest.importorskip("transformers")
@@ -47,6 +48,13 @@ def test_tune_then_check_a_saved_classifier_with_no_model_file(runner, saved, tm
     check = mpt(runner, "check", out, "--json")
     assert check.exit_code == 0, check.output
     assert json.loads(check.stdout)["passed"] is True
+    report = (out / "report.md").read_text()
+    assert "| # | what changed | metric | result | in bf16 |" in report
+    snippet = report.split("```python\n")[1].split("```")[0]  # report.md's load snippet runs as written
+    assert "build_model" not in snippet and "BertForSequenceClassification.from_pretrained" in snippet
+    scope: dict = {}
+    exec(snippet, scope)  # noqa: S102
+    assert tuner_attached(scope["model"]) is not None
 
 
 def test_default_metric_follows_the_head_and_inspect_takes_data(runner, saved, tmp_path):

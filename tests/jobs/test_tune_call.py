@@ -16,6 +16,13 @@ def test_progress_shows_each_trial_and_false_silences(capsys):
     assert [int(n) for n, _ in lines] == [t.n for t in result.trials]
     assert [v == "FAIL" for _, v in lines] == [not t.passed for t in result.trials]
     assert "baseline 1; target >= 0.998" in shown
+    last = shown.strip().splitlines()[-1]  # the closing line says the outcome, as the CLI's does
+    assert last.startswith(f"target met: baseline 1 -> tuned 1 (target 0.998), trial {result.chosen}; ")
+    assert last.endswith(f"; {len(result.plan.fp32_instances)} of {len(result.candidates)} op instances in FP32; "
+                         f"{result.evals} evaluations")
+    assert repr(result) == (f"TuneResult(status=MET, baseline=1, metric=1, target=0.998, evals={result.evals}, "
+                            f"chosen={result.chosen}, fp32={len(result.plan.fp32_instances)} of "
+                            f"{len(result.candidates)} op instances, dtype='bf16')")
     again = tuner.tune(task.build, task.evaluate, task.example_inputs, tolerance=0.002, progress=False)
     assert capsys.readouterr().out == "" and again.plan == result.plan
 

@@ -9,7 +9,7 @@ import pytest
 from tuner.core.loader import load_user_model
 from tuner.jobs.tune_run import tune_into_folder
 from tuner.options.tune import TuneOptions
-from tuner.report.labels import place_labels
+from tuner.report.labels import PlacedLabel, marker_box, overlap, place_labels
 
 PLANTED = str(Path(__file__).parents[1] / "assets" / "planted_model.py")
 
@@ -54,15 +54,31 @@ def test_report_md_is_a_pr_comment_with_a_real_header(run):
     assert text.count("<details>") == text.count("</details>") == 2
 
 
-def test_plot_labels_never_overlap_even_when_dots_crowd():
+def _assert_apart(placed, markers):
+    for a, b in itertools.combinations(placed, 2):
+        assert not overlap(a.box(), b.box()), (a, b)
+    for label in placed:
+        for m in markers:
+            assert not overlap(label.box(), m), (label, m)
+
+
+def test_plot_labels_never_overlap_a_label_or_a_marker_even_when_dots_crowd():
     points = {(700 + (i % 3), 60 + 2 * i): [i + 3] for i in range(12)}  # a crowd near the top right corner
     points[(100, 300)] = [1, 2]
-    placed = place_labels(points, (78, 56, 736, 382))
+    # a crowd in the middle: a column of dots 9 px apart, each the near spots of its neighbours' labels
+    points.update({(400 + 4 * (i % 2), 150 + 9 * i): [20 + i] for i in range(10)})
+    chosen = marker_box(404, 177, 11.5)  # a diamond among them
+    placed = place_labels(points, (78, 56, 736, 382), [chosen])
     assert sorted(p.text for p in placed) == sorted([",".join(map(str, ns)) for ns in points.values()])
-    for a, b in itertools.combinations(placed, 2):
-        ax0, ay0, ax1, ay1 = a.box()
-        bx0, by0, bx1, by1 = b.box()
-        assert ax1 <= bx0 or bx1 <= ax0 or ay1 <= by0 or by1 <= ay0, (a, b)
+    _assert_apart(placed, [marker_box(cx, cy) for cx, cy in points] + [chosen])
+    for label in placed:
+        x0, y0, x1, y1 = label.box()
+        assert 78 <= x0 and x1 <= 736 and 56 <= y0 and y1 <= 382, label
+
+
+def test_plot_labels_stay_near_their_dot_when_there_is_room():
+    placed = place_labels({(300, 200): [7]}, (78, 56, 736, 382))
+    assert placed == [PlacedLabel("7", 309, 192, "start")]  # the first spot: right of and above the dot
 
 
 def test_search_page_labels_are_the_placed_ones(run):
@@ -71,3 +87,14 @@ def test_search_page_labels_are_the_placed_ones(run):
     numbers = sorted(int(n) for _, _, text in spots for n in text.split(",") if "-" not in text)
     assert numbers == list(range(1, run.result.evals + 1))
     assert len({(x, y) for x, y, _ in spots}) == len(spots)
+
+
+def test_search_page_labels_cover_no_dot_and_no_other_label(run):
+    page = (run.out / "search.html").read_text()
+    plot = page[page.index("<svg"):page.index("</svg>")]
+    spots = re.findall(r'<text x="(\d+)" y="(\d+)" text-anchor="(\w+)" font-size="11">([\d,-]+)</text>', plot)
+    placed = [PlacedLabel(text, float(x), float(y), anchor) for x, y, anchor, text in spots]
+    centres = re.findall(r'<circle cx="([\d.]+)" cy="([\d.]+)" r="5"', plot)
+    dots = [marker_box(float(cx), float(cy)) for cx, cy in centres]
+    assert len(dots) >= run.result.evals and placed
+    _assert_apart(placed, dots)

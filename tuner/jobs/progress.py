@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from tuner.report.metric_text import MetricDigits, fmt_metric
-from tuner.search.results import EventKind, Trial, TuneEvent
+from tuner.search.results import EventKind, Trial, TuneEvent, TuneResult, TuneStatus
 
 
 class ProgressDisplay:
@@ -22,10 +22,12 @@ class ProgressDisplay:
         self.console = console or Console(highlight=False, soft_wrap=True)
         self.digits = MetricDigits()
         self._status: Any = None
+        # rich draws a live line in a notebook only through ipywidgets (else it warns on every start)
+        self._live = self.console.is_terminal or (self.console.is_jupyter and _has_ipywidgets())
 
     def _show(self, message: str) -> None:
-        if not self.console.is_terminal and not self.console.is_jupyter:
-            return  # piped: the trial lines alone
+        if not self._live:
+            return  # piped, or a notebook without ipywidgets: the trial lines alone
         if self._status is None:
             self._status = self.console.status(message)
             self._status.start()
@@ -56,6 +58,18 @@ class ProgressDisplay:
         elif kind is EventKind.DONE:
             self.close()
 
+    def finish(self, result: TuneResult) -> None:
+        """The closing line, as the CLI's: met or not, the metrics, the FP32 count, the evaluations."""
+        self.close()
+        d = self.digits.digits  # what the run needed to tell its metrics from the target
+        met = "target met" if result.status is TuneStatus.MET else f"target not met ({result.status.value})"
+        tuned = "none" if result.metric is None else fmt_metric(result.metric, d)
+        chosen = f", trial {result.chosen}" if result.chosen else ""
+        self.console.print(f"{met}: baseline {fmt_metric(result.baseline, d)} -> tuned {tuned} (target "
+                           f"{fmt_metric(result.target, d)}){chosen}; {len(result.plan.fp32_instances)} of "
+                           f"{len(result.candidates)} op instances in FP32; {result.evals} evaluations",
+                           markup=False)
+
     def trial_line(self, t: Trial) -> str:
         """`eval   4  pass  0.9907  low 92% FLOPs  0.38s  +4 FP32: ...`, numbered as the CLI numbers them."""
         digits = self.digits.add(t.metric)
@@ -63,3 +77,9 @@ class ProgressDisplay:
         metric = "error" if t.metric is None else fmt_metric(t.metric, digits)
         return (f"eval {t.n:>3}  {verdict:4}  {metric:>8}  low {t.shares.short()}  {t.seconds:6.2f}s  {t.label}"
                 + (f" ({t.error})" if t.error else ""))
+
+
+def _has_ipywidgets() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("ipywidgets") is not None

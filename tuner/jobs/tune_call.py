@@ -47,11 +47,14 @@ def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Modu
 
     try:
         if out is None:
-            return session.tune(build, evaluate, example_inputs, options, on_event=emit, **option_values)
-        opts = session.tune_options(options, option_values)
-        run = tune_into_folder(_user_model(build, evaluate, example_inputs, opts), opts, out, resume=resume,
-                               overwrite=overwrite, on_event=emit)
-        return run.result
+            result = session.tune(build, evaluate, example_inputs, options, on_event=emit, **option_values)
+        else:
+            opts = session.tune_options(options, option_values)
+            result = tune_into_folder(_user_model(build, evaluate, example_inputs, opts), opts, out, resume=resume,
+                                      overwrite=overwrite, on_event=emit).result
+        if display is not None:
+            display.finish(result)
+        return result
     finally:
         if display is not None:
             display.close()

@@ -2,8 +2,10 @@
 model, the verdict in one line, a table with a real header, the FP32 instances and the trials folded away."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+from tuner.core.hf_config import HF_PREFIX, architecture, is_hf_spec
 from tuner.report.metric_text import fmt_metric
 from tuner.report.outcome import TuneReport
 from tuner.report.reasons import fp32_reasons, run_facts
@@ -41,9 +43,21 @@ def report_markdown(result: TuneResult, report: TuneReport, out: Path) -> str:
     lines.append(f"| run | {facts.created}, {facts.time_text()} |")
     lines += ["", *[f"> warning: {w}" for w in report.warnings], *([""] if report.warnings else []),
               *_details(result, report),
-              "Load the tuned model:", "", "```python", "import tuner",
-              f'model = tuner.load(build_model(), "{out}")', "```", ""]
+              "Load the tuned model:", "", "```python", *_load_snippet(report, out), "```", ""]
     return "\n".join(lines)
+
+
+def _load_snippet(report: TuneReport, out: Path) -> list[str]:
+    """Python that loads the tuned model: from its `hf:` folder with the class mpt loaded it with (its config's
+    architecture), else from the model file's build_model()."""
+    ref = report.plan.model
+    if ref is not None and is_hf_spec(ref.file):
+        folder = Path(os.path.normpath(out / ref.file[len(HF_PREFIX):]))
+        arch = architecture(folder) if (folder / "config.json").is_file() else None
+        if arch and not (folder / "modules.json").is_file():
+            return ["import tuner", f"from transformers import {arch}", "",
+                    f'model = tuner.load({arch}.from_pretrained("{folder}"), "{out}")']
+    return ["import tuner", f'model = tuner.load(build_model(), "{out}")']
 
 
 def _details(result: TuneResult, report: TuneReport) -> list[str]:
@@ -57,7 +71,7 @@ def _details(result: TuneResult, report: TuneReport) -> list[str]:
         lines += [f"| `{r.label}` | {_cell(r.text(dtype))} | {r.score_text()} | {r.flop_text()} |" for r in reasons]
         lines += ["", "</details>", ""]
     d = run_digits(result, report)
-    lines += ["<details><summary>Trials</summary>", "", "| # | what changed | metric | result | low |",
+    lines += ["<details><summary>Trials</summary>", "", f"| # | what changed | metric | result | in {dtype} |",
               "|---|---|---|---|---|"]
     for t in report.trials:
         outcome = "baseline" if t.baseline else "pass" if t.passed else "fail"

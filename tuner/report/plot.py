@@ -4,7 +4,7 @@ from __future__ import annotations
 import html
 import math
 
-from tuner.report.labels import place_labels
+from tuner.report.labels import Box, marker_box, place_labels
 from tuner.report.metric_text import fmt_metric
 from tuner.report.outcome import TuneReport
 from tuner.report.verdict import run_digits
@@ -31,25 +31,31 @@ def _front(pts: list[tuple[float, float]], lower_is_better: bool) -> list[tuple[
 def svg_plot(result: TuneResult, report: TuneReport) -> str:
     """Metric against the lower-precision FLOP share: every trial numbered, the target, the chosen plan."""
     points = [(t, t.metric) for t in report.trials if t.metric is not None and math.isfinite(t.metric)]
-    w, h, left, right, top, bottom = 760, 440, 78, 24, 56, 58
+    w, h, right, top, bottom = 760, 440, 24, 56, 58
     metrics = [m for _, m in points] + [result.target, result.baseline]
     lo, hi = min(metrics), max(metrics)
     if hi - lo < 1e-12:
         lo, hi = lo - max(1e-3, abs(lo) * 0.01), hi + max(1e-3, abs(hi) * 0.01)
     span = hi - lo
     lo, hi = lo - 0.08 * span, hi + 0.08 * span
+    ticks, decimals = _nice_ticks(lo, hi)
+    # room for the widest tick label (12px digits at most 7.7 px) right of the rotated axis title at x=24
+    left = max(78, 36 + math.ceil(7.7 * max(len(f"{v:.{decimals}f}") for v in ticks)))
     x = lambda s: left + s * (w - left - right)  # noqa: E731
     y = lambda m: h - bottom - (m - lo) / (hi - lo) * (h - top - bottom)  # noqa: E731
     ty = y(result.target)
     d = run_digits(result, report)
+    target_text = f"target {fmt_metric(result.target, d)}"
+    target_y = ty + 15 if result.baseline >= result.target else ty - 6
+    # what no trial number may cover besides the dots: the target's text (12px) and the chosen plan's diamond
+    obstacles: list[Box] = [(left + 28, target_y - 11, left + 28 + 7.5 * len(target_text), target_y + 3)]
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" '
              f'font-size="12" role="img" aria-label="metric against lower-precision FLOP share">',
              f'<rect x="{left}" y="{top}" width="{w - left - right}" height="{h - top - bottom}" fill="#fcfcfc" '
              'stroke="#888"/>']
-    ticks, decimals = _nice_ticks(lo, hi)
     for val in ticks:
         parts.append(f'<line x1="{left}" x2="{w - right}" y1="{y(val):.1f}" y2="{y(val):.1f}" stroke="#eee"/>'
-                     f'<text x="{left - 6}" y="{y(val) + 4:.1f}" text-anchor="end">{val:.{decimals}f}</text>')
+                     f'<text x="{left - 9}" y="{y(val) + 4:.1f}" text-anchor="end">{val:.{decimals}f}</text>')
     for frac in (0, 0.25, 0.5, 0.75, 1.0):
         parts.append(f'<line x1="{x(frac):.1f}" x2="{x(frac):.1f}" y1="{top}" y2="{h - bottom}" stroke="#eee"/>'
                      f'<text x="{x(frac):.1f}" y="{h - bottom + 16}" text-anchor="middle">{frac:.0%}</text>')
@@ -59,8 +65,7 @@ def svg_plot(result: TuneResult, report: TuneReport) -> str:
               'text-anchor="middle">metric</text>',
               f'<line x1="{left}" x2="{w - right}" y1="{ty:.1f}" y2="{ty:.1f}" stroke="#c00" stroke-dasharray="6,4"/>',
               # at the left, on the side away from the baseline: clear of the plans (right) and the baseline
-              f'<text x="{left + 28}" y="{ty + 15 if result.baseline >= result.target else ty - 6:.1f}" '
-              f'fill="#c00">target {fmt_metric(result.target, d)}</text>']
+              f'<text x="{left + 28}" y="{target_y:.1f}" fill="#c00">{target_text}</text>']
     lower_is_better = bool(result.plan.metrics.get("lower_is_better")) if result.plan.metrics else False
     front = _front([(t.shares.flop_share, m) for t, m in points if t.passed], lower_is_better)
     if len(front) > 1:
@@ -73,12 +78,14 @@ def svg_plot(result: TuneResult, report: TuneReport) -> str:
         if t.n == result.chosen:
             parts.append(f'<path d="M{cx:.1f},{cy - 10:.1f} L{cx + 10:.1f},{cy:.1f} L{cx:.1f},{cy + 10:.1f} '
                          f'L{cx - 10:.1f},{cy:.1f} Z" fill="none" stroke="#0550ae" stroke-width="2.5"/>')
+            obstacles.append(marker_box(cx, cy, 11.5))  # the diamond's reach with half its stroke
+        obstacles.append(marker_box(cx, cy))
         parts.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="5" fill="{color}" fill-opacity="0.8">'
                      f'<title>trial {t.n}: {html.escape(t.label)}; metric {fmt_metric(metric, d)}; '
                      f'{t.shares.short()}</title></circle>')
         labels.setdefault((round(cx), round(cy)), []).append(t.n)
     area = (left, top, w - right, h - bottom)
-    for label in place_labels(labels, area):
+    for label in place_labels(labels, area, obstacles):
         parts.append(f'<text x="{label.x:.0f}" y="{label.y:.0f}" text-anchor="{label.anchor}" font-size="11">'
                      f'{label.text}</text>')
     parts += _legend(left, top)

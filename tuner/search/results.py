@@ -153,3 +153,11 @@ class TuneResult:
     rebuilds: int = 0  # how often evaluate changed the model and it was built again
     chosen: int | None = None  # the number of the trial that confirmed the plan (None: not met)
     flop_shares: dict[str, float] = field(default_factory=dict)  # candidate label -> its share of the FLOPs
+
+    def __repr__(self) -> str:
+        """One line a notebook can show: the outcome, not every trial and the example inputs' tensors."""
+        metric = "None" if self.metric is None else f"{self.metric:.6g}"
+        return (f"TuneResult(status={self.status.name}, baseline={self.baseline:.6g}, metric={metric}, "
+                f"target={self.target:.6g}, evals={self.evals}, chosen={self.chosen}, "
+                f"fp32={len(self.plan.fp32_instances)} of {len(self.candidates)} op instances, "
+                f"dtype={self.plan.dtype!r})")

@@ -241,8 +241,21 @@ def test_ctrl_c_in_process_exits_130_and_keeps_the_journal(runner, tmp_path):
 
 # --- lower precision: NaN / inf ---------------------------------------------------------------------------
 
-def test_fp16_overflow_fails_the_trial_and_the_search_moves_on(runner, tmp_path):
+def test_fp16_overflow_is_seen_in_the_forward_and_costs_no_evaluation(runner, tmp_path):
     res = mpt(runner, "tune", OVERFLOW, "--dtype", "fp16", "--lower-is-better", "--absolute", "--tolerance",
+              "0.05", "--out", tmp_path / "out")
+    assert res.exit_code == exitcodes.OK, res.output
+    trials = [line for line in res.stdout.splitlines() if line.startswith("eval") and " base " not in line]
+    # the all-fp16 plan overflows on the example inputs: not evaluated; the first trial keeps `big` FP32
+    assert "the output overflows on the example inputs" in res.stdout
+    assert len(trials) == 1 and "pass" in trials[0] and "+1 FP32: big:linear#0" in trials[0]
+
+
+def test_fp16_overflow_in_a_trial_fails_it_and_the_search_moves_on(runner, tmp_path):
+    # the example inputs are scaled down so the forward does not overflow, evaluate's data still does
+    path = tmp_path / "small_inputs.py"
+    path.write_text(OVERFLOW.read_text() + "\n\ndef example_inputs():\n    return (_X * 1e-3,)\n")
+    res = mpt(runner, "tune", path, "--dtype", "fp16", "--lower-is-better", "--absolute", "--tolerance",
               "0.05", "--out", tmp_path / "out")
     assert res.exit_code == exitcodes.OK, res.output
     trials = [line for line in res.stdout.splitlines() if line.startswith("eval") and " base " not in line]

@@ -103,7 +103,7 @@ class TuneSession:
             found = self.find_candidates(inputs)
             self.evaluator.inputs = found.inputs  # each trial holds lowered what its checkpoint would
             trials = SearchTrials(self.evaluator, found, base, accept, self.options, self.recorder(found))
-            first = trials.probe(frozenset(), scores)
+            first = self.all_low(found, trials)
             self.check_metric_sees_outputs(found, base)
             if first.passed:
                 chosen = frozenset()
@@ -194,6 +194,18 @@ class TuneSession:
         self.emit(TuneEvent(EventKind.CANDIDATES, CandidatesFound(len(found), self.options.dtype,
                                                                   str(self.options.preset), found.all_low_error)))
         return found
+
+    def all_low(self, found: Candidates, trials: SearchTrials) -> Probe:
+        """The all-low trial, unless its output on the example inputs overflows (inf or NaN): that plan fails
+        without an evaluation, and the search starts from the units that overflow (they rank first). Under
+        torchrun it is always evaluated (a forward would have to run on every rank together)."""
+        if found.instances and not self.ranks.distributed:
+            error = self.evaluator.output_error(plan_for(self.options, found.fp32_modules, ()), found.ref_out)
+            if error == math.inf:
+                self.notes.append(f"with everything eligible in {self.options.dtype} the output overflows on the "
+                                  "example inputs (inf or NaN); that plan was not evaluated")
+                return Probe(False, math.inf)
+        return trials.probe(frozenset(), {})
 
     def check_metric_sees_outputs(self, found: Candidates, base: Baseline) -> None:
         """UserCodeError when running every candidate low changes the model's output a lot (relative error

@@ -22,7 +22,6 @@ from tuner.search.calibration import ErrorModel, finite
 SAME_ERROR = 0.02  # a prefix whose output error is within 2% of a failed one's is predicted to fail too
 MISLEADS = 0.9  # a ranking misleads when half of its predicted error is removed and the observed falls < 10%
 IMPROVE_AIM = 0.85  # lower units back while the predicted drop stays under this share of the allowed drop
-SINGLE_AIM = 1.25  # no block fits: the one unit predicted closest to passing is still worth a probe below this
 MAX_PREFIXES = 64  # prefixes observed one by one; more are sampled and interpolated
 MAX_IMPROVE_UNITS = 16  # units weighed for lowering back per round (one forward each)
 
@@ -89,7 +88,8 @@ class Guide:
     def safe_block(self, model: ErrorModel, keep: frozenset[int], pool: Sequence[int]) -> list[int]:
         """The items of `pool` (best first) that can go back to the lower precision together while the fit
         predicts a drop under IMPROVE_AIM (one forward per item weighed); when none fits, the one predicted
-        closest to passing if under SINGLE_AIM (the prediction is a fit, not a measurement)."""
+        closest to passing, alone: the prediction is a fit, not a measurement, and a probe left within the
+        bound is better spent on a plan that may pass than kept."""
         block: list[int] = []
         alone: list[tuple[float, int]] = []
         for item in pool[:MAX_IMPROVE_UNITS]:
@@ -102,5 +102,4 @@ class Guide:
                 block.append(item)
         if block or not alone:
             return block
-        predicted, item = min(alone)
-        return [item] if predicted <= SINGLE_AIM else []
+        return [min(alone)[1]]

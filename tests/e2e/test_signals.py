@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.slow,
 
 
 def start(out: Path, counter: Path, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "MPT_TEST_COUNT": str(counter), "MPT_TEST_SLEEP": "0.6", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "MPT_TEST_COUNT": str(counter), "MPT_TEST_SLEEP": "1.0", "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, "-m", "mpt_cli", "tune", str(SLOW), "--out", str(out), *extra],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -64,7 +64,8 @@ class PlanPass:
     tolerated: dict[str, set[torch.dtype]] = field(default_factory=dict)
 
 
-def plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> PlanPass:
+def plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, *,
+              lowered: Mapping[str, torch.dtype] | None = None) -> PlanPass:
     """Run `inputs` under the plan twice (no grad): once under mpt's engine, recording every op decision
     (the report's call/FLOP shares, and the dtypes the plan claims), and once as deployed
     (`tuner.measure.deployed.observe`: the plan attached as `tuner.load` and the trials attach it).
@@ -72,7 +73,8 @@ def plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> Plan
     A parameter goes into `lowered` when every use of it in the deployed forward of the FP32 model is a cast
     to the lower dtype (`weight_dtypes`): the trials ran with those stored lowered, as the checkpoint stores
     them; tied parameters (one tensor, several
-    names) are lowered under all their names or none.
+    names) are lowered under all their names or none. `lowered`: what a deployed forward of this plan on the
+    same model and inputs already observed (`TuneResult.lowered`): the second forward is then not run again.
     """
     inputs = ModelInputs.of(inputs)
     counter = ShareCounter()
@@ -89,7 +91,8 @@ def plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> Plan
                                           module_overrides=plan.module_overrides(),
                                           instance_overrides=plan.instance_overrides()):
         inputs.call(model)
-    return PlanPass(weight_dtypes(model, plan, inputs), counter.shares, claimed, tolerated)
+    found = weight_dtypes(model, plan, inputs) if lowered is None else dict(lowered)
+    return PlanPass(found, counter.shares, claimed, tolerated)
 
 
 def verify_plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, planned: PlanPass) -> Any:

@@ -37,6 +37,8 @@ PHASES = [
     ("weights fingerprint", "tuner.core.fingerprint", "ModelState.capture"),
     ("candidates + autocast probe", "tuner.search.session", "TuneSession.find_candidates"),
     ("ranking", "tuner.search.session", "TuneSession.rank"),
+    ("FP32 count (overrides that change nothing)", "tuner.search.session", "TuneSession._no_op_overrides"),
+    ("confirm lowered weights", "tuner.search.evaluator", "Evaluator.confirm_lowered"),
     ("trial setup (deployed model)", "tuner.search.evaluator", "Evaluator._deployed"),
     ("latency", "tuner.report.latency", "compare_latency"),
     ("outputs (checkpoint, plan pass, checks)", "tuner.report.writer", "write_outputs"),

@@ -71,6 +71,36 @@ def test_a_checkpoint_that_does_not_give_the_trials_bits_is_an_internal_error(tm
     assert model.a.bias.dtype == FP32  # the model is left as it was
 
 
+def test_saving_with_check_compares_the_file_written_within_the_same_packing(tmp_path, monkeypatch):
+    import tuner.report.checkpoint as ckpt
+
+    model, x = Net().eval(), torch.randn(3, 8)
+    planned = plan_pass(model, Plan(), (x,))
+    path = tmp_path / "model.safetensors"
+    save_checkpoint(model, Plan(), (x,), path, lowered=planned.lowered, check=True)  # what it wrote is right
+    written = ckpt._save
+
+    def corrupted(tensors, where):  # a writer that changes one value on the way to disk
+        written({**tensors, "a.bias": tensors["a.bias"] + 1}, where)
+
+    monkeypatch.setattr(ckpt, "_save", corrupted)
+    save_checkpoint(model, Plan(), (x,), path, lowered=planned.lowered)  # unchecked: nothing noticed
+    with pytest.raises(NotAsClaimed, match="model.safetensors does not reproduce.*a.bias"):
+        save_checkpoint(model, Plan(), (x,), path, lowered=planned.lowered, check=True)
+    assert model.a.bias.dtype == FP32  # unpacked however the check ends
+
+
+def test_the_plan_pass_takes_the_weight_dtypes_already_observed_and_observes_them_itself_otherwise(monkeypatch):
+    import tuner.report.checkpoint as ckpt
+
+    model, x = Net().eval(), torch.randn(3, 8)
+    seen = weight_dtypes(model, Plan(), (x,))
+    forwards = []
+    monkeypatch.setattr(ckpt, "weight_dtypes", lambda *a: forwards.append(a) or weight_dtypes(*a))
+    assert plan_pass(model, Plan(), (x,), lowered=seen).lowered == seen and not forwards
+    assert plan_pass(model, Plan(), (x,)).lowered == seen and len(forwards) == 1
+
+
 def test_a_forward_that_draws_random_numbers_is_compared_with_the_same_draws(tmp_path):
     class Noisy(Net):
         def forward(self, x):

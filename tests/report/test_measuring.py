@@ -46,6 +46,17 @@ def test_measure_report_is_typed_and_matches_the_chosen_trial(tuned):
     assert all(p.dtype.is_floating_point for p in model.parameters())  # the model is left in FP32
 
 
+def test_the_tune_hands_the_reported_plans_observed_weight_dtypes_to_the_report(tuned):
+    from tuner.core.inputs import ModelInputs
+    from tuner.measure.deployed import weight_dtypes
+
+    task, result = tuned
+    model = task.build()
+    assert result.lowered  # observed once, at the end of the tune, on the plan that gets reported
+    assert result.lowered == weight_dtypes(model, result.plan, ModelInputs.of(result.inputs))
+    assert measure_report(result, model, latency=False).lowered == result.lowered
+
+
 def test_measure_report_times_when_asked(tuned):
     task, result = tuned
     report = measure_report(result, task.build(), latency=True)

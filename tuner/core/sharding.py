@@ -14,6 +14,7 @@ rank must run every forward together. mpt reads a model's sharding here, once:
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,13 +114,14 @@ def _kinds(model: nn.Module) -> tuple[str, ...]:
 
 
 def _refuse_pipeline(model: nn.Module) -> None:
-    """Pipeline parallelism splits the model into stages on different ranks: no rank runs the whole forward."""
-    try:
+    """Pipeline parallelism splits the model into stages on different ranks: no rank runs the whole forward.
+    (A stage object exists only where torch.distributed.pipelining was imported: it is not imported for this,
+    which would cost a second of every tune.)"""
+    staged = False
+    if "torch.distributed.pipelining" in sys.modules:
         from torch.distributed.pipelining import PipelineStage
         from torch.distributed.pipelining.stage import _PipelineStageBase
-    except ImportError:  # pragma: no cover - a torch build without torch.distributed
-        return
-    if isinstance(model, (PipelineStage, _PipelineStageBase)) or any(
-            "pipelining" in type(m).__module__ for m in model.modules()):
+        staged = isinstance(model, (PipelineStage, _PipelineStageBase))
+    if staged or any("pipelining" in type(m).__module__ for m in model.modules()):
         raise ConfigError("build_model() returned a pipeline-parallel model (torch.distributed.pipelining): mpt "
                           "runs the whole forward on every rank; shard it with FSDP2 or tensor parallelism instead")

@@ -64,7 +64,8 @@ class PlanPass:
     tolerated: dict[str, set[torch.dtype]] = field(default_factory=dict)
 
 
-def plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> PlanPass:
+def plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, *,
+              lowered: Mapping[str, torch.dtype] | None = None) -> PlanPass:
     """Run `inputs` under the plan twice (no grad): once under mpt's engine, recording every op decision
     (the report's call/FLOP shares, and the dtypes the plan claims), and once as deployed
     (`tuner.measure.deployed.observe`: the plan attached as `tuner.load` and the trials attach it).
@@ -72,7 +73,8 @@ def plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> Plan
     A parameter goes into `lowered` when every use of it in the deployed forward of the FP32 model is a cast
     to the lower dtype (`weight_dtypes`): the trials ran with those stored lowered, as the checkpoint stores
     them; tied parameters (one tensor, several
-    names) are lowered under all their names or none.
+    names) are lowered under all their names or none. `lowered`: what a deployed forward of this plan on the
+    same model and inputs already observed (`TuneResult.lowered`): the second forward is then not run again.
     """
     inputs = ModelInputs.of(inputs)
     counter = ShareCounter()
@@ -89,7 +91,8 @@ def plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> Plan
                                           module_overrides=plan.module_overrides(),
                                           instance_overrides=plan.instance_overrides()):
         inputs.call(model)
-    return PlanPass(weight_dtypes(model, plan, inputs), counter.shares, claimed, tolerated)
+    found = weight_dtypes(model, plan, inputs) if lowered is None else dict(lowered)
+    return PlanPass(found, counter.shares, claimed, tolerated)
 
 
 def verify_plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, planned: PlanPass) -> Any:
@@ -110,20 +113,25 @@ def check_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, 
     one at a time with plain reads, not mapped, so the check holds neither a second model nor the file's
     pages.
     """
+    with stored_as(model, lowered):
+        _check_stored(model, path)
+
+
+def _check_stored(model: nn.Module, path: str | Path) -> None:
+    """check_checkpoint's comparison, on `model` already held as the trials held it (inside `stored_as`)."""
     with safe_open(str(path), framework="pt") as fh:  # the header parses as tuner.load will parse it
         names = set(fh.keys())
     missing = sorted(set(model.state_dict(keep_vars=True)) - names)  # (no tensor kept: stored_as packs in place)
     if missing:
         raise NotAsClaimed(f"the model loaded from {Path(path).name} does not reproduce the tuned model's output bit "
                            f"for bit (an mpt bug): {missing[0]} is missing")
-    with stored_as(model, lowered):
-        state = model.state_dict()
-        for name, dtype, shape, same in _file_tensors(path):
-            problem = _differs(dtype, shape, same, state[name].detach().cpu()) if name in state else \
-                "is in the file, not in the model"
-            if problem:
-                raise NotAsClaimed(f"the model loaded from {Path(path).name} does not reproduce the tuned model's "
-                                   f"output bit for bit (an mpt bug): {name} {problem}")
+    state = model.state_dict()
+    for name, dtype, shape, same in _file_tensors(path):
+        problem = _differs(dtype, shape, same, state[name].detach().cpu()) if name in state else \
+            "is in the file, not in the model"
+        if problem:
+            raise NotAsClaimed(f"the model loaded from {Path(path).name} does not reproduce the tuned model's "
+                               f"output bit for bit (an mpt bug): {name} {problem}")
 
 
 _FILE_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
@@ -170,7 +178,7 @@ def lowered_parameters(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple
 
 
 def save_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, path: str | Path, *,
-                    lowered: Mapping[str, torch.dtype] | None = None) -> CheckpointInfo:
+                    lowered: Mapping[str, torch.dtype] | None = None, check: bool = False) -> CheckpointInfo:
     """Write the converted state dict; returns how many parameters it lowered and its size.
 
     No copy of the model is made: tensors are written from the model's own
@@ -178,7 +186,8 @@ def save_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, p
     (`deployed.stored_as`; only a non-contiguous tensor, a second name of a
     tied weight, a tensor off the CPU or a parameter that cannot be packed is
     copied). `lowered` is `plan_pass(...).lowered` when the caller
-    already ran that pass; otherwise it runs here.
+    already ran that pass; otherwise it runs here. `check`: then `check_checkpoint`s the file written, in the
+    same packing of the weights (the lowered parameters packed once, not twice).
     """
     if lowered is None:
         lowered = lowered_parameters(model, plan, inputs)
@@ -193,6 +202,8 @@ def save_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, p
         # (its sha256 in plan.yaml) must be the same for the same weights. Which tensors were lowered is their dtype.
         atomic_write(path, functools.partial(_save, tensors))
         tensors.clear()  # views of packed storages: gone before they are unpacked
+        if check:
+            _check_stored(model, path)
     return CheckpointInfo(lowered=len(lowered), bytes=Path(path).stat().st_size, fp32_bytes=fp32_bytes)
 
 

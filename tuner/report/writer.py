@@ -41,7 +41,7 @@ from tuner.core.output_files import (
     STAGING_NAME,
 )
 from tuner.policy.presets import write_op_list
-from tuner.report.checkpoint import CheckpointInfo, check_checkpoint, save_checkpoint
+from tuner.report.checkpoint import CheckpointInfo, save_checkpoint
 from tuner.report.json_report import report_json
 from tuner.report.markdown import report_markdown
 from tuner.report.oplists import op_lists
@@ -146,8 +146,8 @@ def _write_checkpoint(result: TuneResult, report: TuneReport, stage: Path, out: 
                       t0: float) -> TuneReport:
     """model.safetensors into `stage`, checked against the trials' weights; the report with its info."""
     with _writing(out, CHECKPOINT_NAME):
-        info = save_checkpoint(model, report.plan, ModelInputs(), stage / CHECKPOINT_NAME, lowered=report.lowered)
+        # checked: the checkpoint loads and gives the bits the trials gave (else an mpt bug)
+        info = save_checkpoint(model, report.plan, ModelInputs(), stage / CHECKPOINT_NAME, lowered=report.lowered,
+                               check=result.inputs is not None)
         digest = tree_sha256(stage / CHECKPOINT_NAME)
-    if result.inputs is not None:  # the checkpoint loads and gives the bits the trials gave (else an mpt bug)
-        check_checkpoint(model, report.plan, result.inputs, stage / CHECKPOINT_NAME, report.lowered)
     return report.written(info, digest, time.monotonic() - t0)

@@ -43,6 +43,8 @@ from tuner.workspace.keeper import ModelKeeper
 
 BASELINE_KEY = "baseline#{n}"
 
+Recount = Callable[[], tuple[str, int]]  # a passed trial's label and Trial.kept, counted as the plan records them
+
 
 def trial_key(fp32_labels: tuple[str, ...]) -> str:
     """The journal key of the trial that keeps these instances (sorted labels) FP32."""
@@ -129,12 +131,14 @@ class Evaluator:
         n = sum(t.baseline for t in self.trials) + 1
         return self._run(BASELINE_KEY.format(n=n), f"FP32 baseline run {n}", None, (), Shares(), None)
 
-    def trial(self, plan: Plan, label: str, shares: Shares, accept: Acceptance, kept: int | None = None) -> Trial:
+    def trial(self, plan: Plan, label: str, shares: Shares, accept: Acceptance, kept: int | None = None,
+              recount: Recount | None = None) -> Trial:
         """The model under `plan`; passed when `accept` confirms its metric. An evaluate that raises, or gives
         NaN/inf, fails the trial. Raises SearchStopped when a bound is reached. `kept`: the FP32 instances
-        the plan would record (Trial.kept)."""
+        the plan would record (Trial.kept); `recount`, when given, gives the label and `kept` of a trial
+        that passed (a recorded forward of mpt's own: not spent on trials that cannot become the plan)."""
         fp32 = tuple(sorted(i.label() for i in plan.fp32_instances))
-        return self._run(trial_key(fp32), label, plan, fp32, shares, accept, kept)
+        return self._run(trial_key(fp32), label, plan, fp32, shares, accept, kept, recount)
 
     def _check_bounds(self) -> None:
         if self.bounds.max_evals is not None and self.evals >= self.bounds.max_evals:
@@ -145,7 +149,7 @@ class Evaluator:
                 raise SearchStopped(StopReason.TIME_BUDGET)
 
     def _run(self, key: str, label: str, plan: Plan | None, fp32: tuple[str, ...], shares: Shares,
-             accept: Acceptance | None, kept: int | None = None) -> Trial:
+             accept: Acceptance | None, kept: int | None = None, recount: Recount | None = None) -> Trial:
         """A trial from the journal, or a new evaluation (written to the journal). `plan` None: the baseline."""
         baseline = plan is None
         n = len(self.trials) + 1
@@ -153,6 +157,8 @@ class Evaluator:
         if cached is not None:
             metric = None if cached.get("metric") is None else float(cached["metric"])
             passed = baseline or (accept is not None and accept.confirms(metric))
+            if passed and recount is not None:
+                label, kept = recount()
             return self._record(Trial(n, label, fp32, metric, passed, float(cached["seconds"]), shares,
                                       cached.get("error"), True, baseline, kept))
         if not baseline:
@@ -160,6 +166,8 @@ class Evaluator:
         self._emit(TuneEvent(EventKind.EVALUATING, Evaluating(n, label)))
         metric, error, secs = self._call(plan)
         passed = baseline or (accept is not None and accept.confirms(metric))
+        if passed and recount is not None:
+            label, kept = recount()
         trial = Trial(n, label, fp32, metric, passed, secs, shares, error, False, baseline, kept)
         if self.journal:
             self.journal.append(key, {"metric": metric, "passed": passed, "seconds": secs, "error": error,
@@ -249,19 +257,22 @@ class Evaluator:
         predicted = predicted_lowered(model, uses, plan) if isinstance(uses, ParameterUses) else None
         return weight_dtypes(model, plan, self.inputs) if predicted is None else predicted
 
-    def confirm_lowered(self, model: nn.Module, plan: Plan) -> None:
+    def confirm_lowered(self, model: nn.Module, plan: Plan) -> dict[str, torch.dtype] | None:
         """NotAsClaimed unless a forward of `plan` lowers the parameters the trials were told it lowers (the
-        check of the prediction on the plan that gets reported)."""
+        check of the prediction on the plan that gets reported). Returns what that forward observed (the
+        parameters `plan`'s checkpoint stores lowered: the report's plan pass needs no forward of its own for
+        them), or None when nothing was predicted, so nothing observed."""
         if self.inputs is None or not isinstance(self._uses, ParameterUses):
-            return
+            return None
         predicted = predicted_lowered(model, self._uses, plan)
         if predicted is None:
-            return
+            return None
         seen = weight_dtypes(model, plan, self.inputs)
         if seen != predicted:
             wrong = sorted(set(seen).symmetric_difference(predicted))
             raise NotAsClaimed(f"the trials held {len(wrong)} parameter(s) in another dtype than the plan stores "
                                f"them (an mpt bug): {', '.join(wrong[:5])}")
+        return seen
 
     def _record(self, trial: Trial) -> Trial:
         self.evals += 1

@@ -10,6 +10,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from tuner.measure.shares import Shares
 from tuner.options.tune import RankMethod, TuneOptions
 from tuner.policy.plan import OpInstance, Plan
@@ -153,6 +155,9 @@ class TuneResult:
     rebuilds: int = 0  # how often evaluate changed the model and it was built again
     chosen: int | None = None  # the number of the trial that confirmed the plan (None: not met)
     flop_shares: dict[str, float] = field(default_factory=dict)  # candidate label -> its share of the FLOPs
+    # the parameters the plan's checkpoint stores lowered, as a deployed forward of the plan observed them at the
+    # end of the tune (None: not observed; the report's plan pass observes them then)
+    lowered: dict[str, torch.dtype] | None = None
 
     def __repr__(self) -> str:
         """One line a notebook can show: the outcome, not every trial and the example inputs' tensors."""

@@ -306,9 +306,10 @@ class TuneSession:
         status = TuneStatus.MET if chosen_n is not None else TuneStatus.NOT_MET
         opts, ev = self.options, self.evaluator
         candidates = list(found.instances) if found else []
+        lowered = None
         if chosen_n is not None and found is not None and stopped is not StopReason.INTERRUPTED:
             with self.keeper.borrowed() as model:  # the trials' predicted weight dtypes, proven on this plan
-                ev.confirm_lowered(model, plan_for(opts, found.fp32_modules, fp32))
+                lowered = ev.confirm_lowered(model, plan_for(opts, found.fp32_modules, fp32))
         plan = plan_for(opts, found.fp32_modules if found else {}, fp32,
                         metrics={"baseline": base.value, "tuned": metric, "target": accept.target,
                                  "tolerance": opts.tolerance, "absolute": opts.absolute,
@@ -331,7 +332,7 @@ class TuneSession:
                           flop_shares=found.flop_shares() if found else {},
                           seconds=time.monotonic() - self.started, eval_seconds=ev.eval_seconds,
                           user_seconds=self.user_seconds, inputs=inputs, warnings=warnings,
-                          noise=base.spread, rebuilds=self.keeper.rebuilds, chosen=chosen_n)
+                          noise=base.spread, rebuilds=self.keeper.rebuilds, chosen=chosen_n, lowered=lowered)
 
 
 def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Module], Any] | None = None,

@@ -41,7 +41,9 @@ class SearchTrials:
 
     Each trial's label says what it changed from the trial before it (tuner.search.changes) and, when
     `recorded` is given (the FP32 instances a plan would record once the overrides that change nothing are
-    dropped: `TuneSession.recorded`), how many instances its plan keeps FP32, counted as the summary counts.
+    dropped: `TuneSession.recorder`), how many instances a trial that passed keeps FP32 in its plan, counted as
+    the summary counts (one recorded forward each, so only for the trials one of which becomes the plan; a
+    failed trial's label counts the instances it tried).
     """
 
     def __init__(self, evaluator: Evaluator, found: Candidates, base: Baseline, accept: Acceptance,
@@ -64,11 +66,19 @@ class SearchTrials:
         fp32 = self.found.pick(fp32_idx)
         plan = plan_for(self.options, self.found.fp32_modules, fp32)
         labels = tuple(sorted(c.label() for c in fp32))
-        kept = self.recorded(tuple(sorted(fp32))) if self.recorded is not None and fp32 else len(fp32)
-        label = Change.between(self._last, labels, kept).text(self.options.dtype)
+        before, recorded, dtype = self._last, self.recorded, self.options.dtype
+        counted = recorded is not None and bool(fp32)  # else every instance tried is one the plan records
+
+        def recount() -> tuple[str, int]:
+            assert recorded is not None
+            kept = recorded(tuple(sorted(fp32)))
+            return Change.between(before, labels, kept).text(dtype), kept
+
+        label = Change.between(before, labels, None if counted else len(fp32)).text(dtype)
         self._last = labels
         try:
-            trial = self.evaluator.trial(plan, label, self.found.shares_without(fp32), self.accept, kept)
+            trial = self.evaluator.trial(plan, label, self.found.shares_without(fp32), self.accept,
+                                         None if counted else len(fp32), recount if counted else None)
         except (KeyboardInterrupt, Interrupted):
             raise SearchStopped(StopReason.INTERRUPTED) from None
         probe = Probe(trial.passed, drop(trial.metric, self.base, self.accept))

@@ -155,3 +155,15 @@ def test_a_real_tune_is_guided_and_reports_only_evaluated_plans():
     chosen = result.trials[result.chosen - 1]  # the plan is a trial's set, less overrides that change nothing
     assert chosen.passed and not chosen.baseline and chosen.metric == result.metric
     assert {i.label() for i in result.plan.fp32_instances} <= set(chosen.fp32)
+
+
+def test_the_guide_runs_fewer_forwards_where_a_forward_costs_a_share_of_an_evaluation():
+    from tuner.search.guide import FEW_PREFIXES, FEW_UNITS, MAX_IMPROVE_UNITS, MAX_PREFIXES, guide_limits
+
+    assert guide_limits(0.002, 0.01) == (MAX_PREFIXES, MAX_IMPROVE_UNITS)  # a tiny model: cheap in seconds
+    assert guide_limits(0.5, 60.0) == (MAX_PREFIXES, MAX_IMPROVE_UNITS)  # evaluate over 64 forwards
+    assert guide_limits(0.8, 28.0) == (FEW_PREFIXES, FEW_UNITS)  # a 1.1B LM: one forward is 3% of evaluate
+    calls = []
+    guide = Guide(lambda fp32: calls.append(fp32) or 1.0, max_prefixes=FEW_PREFIXES)
+    guide.prefix_errors(list(range(100)))
+    assert len(calls) <= FEW_PREFIXES

@@ -236,14 +236,20 @@ class Evaluator:
                 detach(model)
 
     def output_error(self, plan: Plan, ref_out: Any) -> float | None:
-        """The relative error of `plan`'s output on the example inputs against `ref_out` (FP32's), with the
-        model exactly as a trial of `plan` runs it: one forward, no evaluate, not counted as an evaluation (the
-        search's guide, tuner.search.guide). inf when the output is not finite; None without example inputs
-        or when the outputs do not pair up."""
+        """The relative error of `plan`'s output on the example inputs against `ref_out` (FP32's), with `plan`
+        attached as a trial attaches it: one forward, no evaluate, not counted as an evaluation (the search's
+        guide, tuner.search.guide). The weights are not stored lowered as in a trial (packing a large model
+        costs more than its forward): the ops cast them as they run, to the same values, so only a parameter
+        a trial stores lowered and an FP32 op also reads can differ, by its rounding. A guide, not a trial.
+        inf when the output is not finite; None without example inputs or when the outputs do not pair up."""
         if self.inputs is None:
             return None
-        with self.keeper.borrowed() as model, torch.no_grad(), self._deployed(model, plan):
-            error = relative_error(call_forward(model, self.inputs), ref_out)
+        with self.keeper.borrowed() as model, torch.no_grad():
+            attach(model, plan)
+            try:
+                error = relative_error(call_forward(model, self.inputs), ref_out)
+            finally:
+                detach(model)
         return None if error is None else (error if math.isfinite(error) else math.inf)
 
     def lowered(self, model: nn.Module, plan: Plan) -> dict[str, torch.dtype]:

@@ -24,14 +24,28 @@ MISLEADS = 0.9  # a ranking misleads when half of its predicted error is removed
 IMPROVE_AIM = 0.85  # lower units back while the predicted drop stays under this share of the allowed drop
 MAX_PREFIXES = 64  # prefixes observed one by one; more are sampled and interpolated
 MAX_IMPROVE_UNITS = 16  # units weighed for lowering back per round (one forward each)
+FEW_PREFIXES, FEW_UNITS = 16, 4  # where a forward costs a noticeable share of an evaluation
+CHEAP_FORWARD_S = 0.05  # MAX_PREFIXES forwards of this cost take a few seconds: not worth limiting
+
+
+def guide_limits(forward_s: float, evaluate_s: float) -> tuple[int, int]:
+    """(prefixes, units per round): the full limits when a forward is cheap (in seconds, or under 1/64 of an
+    evaluate), else FEW_PREFIXES and FEW_UNITS, so that on a large model the guide stays a small share of
+    the tune (issue 20). Two levels, so small models are guided the same way on any machine."""
+    if forward_s <= CHEAP_FORWARD_S or evaluate_s >= MAX_PREFIXES * forward_s:
+        return MAX_PREFIXES, MAX_IMPROVE_UNITS
+    return FEW_PREFIXES, FEW_UNITS
 
 
 class Guide:
     """`predict(fp32_items) -> output error`, memoized, counted (`forwards`) and timed (`seconds`)."""
 
-    def __init__(self, predict: Callable[[frozenset[int]], float]) -> None:
+    def __init__(self, predict: Callable[[frozenset[int]], float], *, max_prefixes: int = MAX_PREFIXES,
+                 max_units: int = MAX_IMPROVE_UNITS, known: dict[frozenset[int], float] | None = None) -> None:
         self._predict = predict
-        self._known: dict[frozenset[int], float] = {}
+        self._known: dict[frozenset[int], float] = dict(known or {})
+        self.max_prefixes = max(2, max_prefixes)  # prefixes observed one by one; more are sampled
+        self.max_units = max(1, max_units)  # units weighed for lowering back per round
         self.forwards = 0
         self.seconds = 0.0
 
@@ -46,10 +60,9 @@ class Guide:
 
     def prefix_errors(self, order: Sequence[int]) -> list[float]:
         """The observed error with the first k items of `order` in FP32, k = 0..N (sampled and interpolated
-        linearly beyond MAX_PREFIXES, with both ends always observed)."""
-        n = len(order)
-        ks = sorted({round(n * j / (MAX_PREFIXES - 1)) for j in range(MAX_PREFIXES)}) if n >= MAX_PREFIXES \
-            else list(range(n + 1))
+        linearly beyond `max_prefixes`, with both ends always observed)."""
+        n, m = len(order), self.max_prefixes
+        ks = sorted({round(n * j / (m - 1)) for j in range(m)}) if n >= m else list(range(n + 1))
         seen = {k: self.error(frozenset(order[:k])) for k in ks}
         out = []
         for k in range(n + 1):
@@ -92,7 +105,7 @@ class Guide:
         bound is better spent on a plan that may pass than kept."""
         block: list[int] = []
         alone: list[tuple[float, int]] = []
-        for item in pool[:MAX_IMPROVE_UNITS]:
+        for item in pool[:self.max_units]:
             predicted = model.predicted_drop(self.error(keep - set(block) - {item}))
             if predicted is None:
                 continue

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import statistics
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -33,6 +34,7 @@ from tuner.search.builtin_metric import builtin_evaluate
 from tuner.search.candidates import Candidates, find_candidates
 from tuner.search.distributed import Ranks, SharedJournal
 from tuner.search.evaluator import Bounds, Evaluator
+from tuner.search.guide import Guide, guide_limits
 from tuner.search.noise import Acceptance, Baseline, coarse_metric_note, measure_baseline
 from tuner.search.plans import no_op_overrides, plan_for
 from tuner.search.results import (
@@ -90,6 +92,7 @@ class TuneSession:
                                    journal=journal, ranks=self.ranks, emit=self.emit)
         self.notes: list[str] = []
         self.warnings: list[str] = []
+        self.low_forward: tuple[float | None, float] | None = None  # the all-low plan's output error, seconds
 
     # --- the phases ------------------------------------------------------------------------------------------
     def run(self) -> TuneResult:
@@ -200,7 +203,9 @@ class TuneSession:
         without an evaluation, and the search starts from the units that overflow (they rank first). Under
         torchrun it is always evaluated (a forward would have to run on every rank together)."""
         if found.instances and not self.ranks.distributed:
+            t0 = time.monotonic()
             error = self.evaluator.output_error(plan_for(self.options, found.fp32_modules, ()), found.ref_out)
+            self.low_forward = (error, time.monotonic() - t0)
             if error == math.inf:
                 self.notes.append(f"with everything eligible in {self.options.dtype} the output overflows on the "
                                   "example inputs (inf or NaN); that plan was not evaluated")
@@ -249,7 +254,7 @@ class TuneSession:
                                  lambda picked: trials.probe(frozenset(i for n in picked for i in units[n]), scores),
                                  costs=[sum(found.costs[found.instances[i]] for i in u) for u in units],
                                  thorough=self.options.thorough, all_low_failed=True, all_low_drop=first.drop,
-                                 predict=self.guide(found, units))
+                                 guide=self.guide(found, units))
         outcome = search.run()
         self.notes.extend(outcome.notes)
         if search.guide is not None and search.guide.forwards:
@@ -258,11 +263,15 @@ class TuneSession:
         chosen = None if outcome.fp32 is None else found.pick(frozenset(i for n in outcome.fp32 for i in units[n]))
         return chosen, outcome.stopped  # type: ignore[return-value]
 
-    def guide(self, found: Candidates, units: list[tuple[int, ...]]) -> Callable[[frozenset[int]], float] | None:
+    def guide(self, found: Candidates, units: list[tuple[int, ...]]) -> Guide | None:
         """The search's guide: a unit set kept FP32 -> the output error of its plan on the example inputs
-        (Evaluator.output_error). None under torchrun (every rank would have to run each forward together)
-        or when the output has no floating-point tensor to compare."""
-        if self.ranks.distributed:
+        (Evaluator.output_error), as many forwards as the evaluate's time affords (`guide_limits`). None under
+        torchrun (every rank would have to run each forward together) or when the output has no
+        floating-point tensor to compare."""
+        if self.ranks.distributed or self.low_forward is None:
+            return None
+        low_error, forward_s = self.low_forward
+        if low_error is None:
             return None
 
         def error(picked: frozenset[int]) -> float:
@@ -270,8 +279,9 @@ class TuneSession:
             value = self.evaluator.output_error(plan_for(self.options, found.fp32_modules, fp32), found.ref_out)
             return math.inf if value is None else value
 
-        return error if self.evaluator.output_error(plan_for(self.options, found.fp32_modules, ()),
-                                                    found.ref_out) is not None else None
+        evaluate_s = statistics.fmean([t.seconds for t in self.evaluator.trials] or [forward_s])
+        prefixes, per_round = guide_limits(forward_s, evaluate_s)
+        return Guide(error, max_prefixes=prefixes, max_units=per_round, known={frozenset(): low_error})
 
     # --- the answer ------------------------------------------------------------------------------------------
     def final_fp32(self, found: Candidates | None, chosen: frozenset[OpInstance] | None,

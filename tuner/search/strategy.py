@@ -113,13 +113,14 @@ class PrecisionSearch:
     keeps the best FP32 set confirmed before that. `costs` weigh the order
     (default: all equal); `extra_probes` is the slack over ceil(log2 N) the
     cut may spend on calibrated guesses. `predict` (FP32 set -> the plan's output error on the example
-    inputs, one cheap forward: `tuner.search.guide`) guides the order, the probes and the lowering back.
+    inputs, one cheap forward: `tuner.search.guide`) guides the order, the probes and the lowering back;
+    `guide` is the same with its limits set (a Guide).
     """
 
     def __init__(self, scores: Sequence[float], test: Callable[[frozenset[int]], Probe | bool], *,
                  costs: Sequence[float] | None = None, thorough: bool = False, all_low_failed: bool = False,
                  all_low_drop: float | None = None, extra_probes: int = 1,
-                 predict: Callable[[frozenset[int]], float] | None = None) -> None:
+                 predict: Callable[[frozenset[int]], float] | None = None, guide: Guide | None = None) -> None:
         self.scores = list(scores)
         self.costs = list(costs) if costs is not None else [1.0] * len(self.scores)
         self._test = test
@@ -133,7 +134,7 @@ class PrecisionSearch:
         self.best: frozenset[int] | None = None
         self.notes: list[str] = []
         self.tested: dict[int, bool] = {}
-        self.guide = Guide(predict) if predict is not None else None
+        self.guide = guide if guide is not None else Guide(predict) if predict is not None else None
         self.weight = [finite(s) ** 2 for s in self.scores]  # each item's error, squared (errors add so)
 
     # --- tests ------------------------------------------------------------------------------------------------

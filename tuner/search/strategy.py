@@ -200,10 +200,12 @@ class PrecisionSearch:
 
     def _observe_prefixes(self) -> None:
         """Observed output errors replace the predicted residuals; a ranking they contradict gives way to an
-        order from each item's own observed effect (without a gap: a gap is its own evidence)."""
+        order from each item's own observed effect (without a gap: a gap is its own evidence; and only up to
+        twice the guide's prefixes, one forward per item)."""
         assert self.guide is not None
         errors = self.guide.prefix_errors(self.order)
-        if self.gap is None and self.guide.misleads(self.model.residual, errors):
+        if self.gap is None and len(self.scores) <= 2 * self.guide.max_prefixes \
+                and self.guide.misleads(self.model.residual, errors):
             self.order, effect = self.guide.observed_order(len(self.scores), self.costs)
             self.weight = effect
             self.notes.append("the ranking did not predict the output error of its own prefixes; the order "

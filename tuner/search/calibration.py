@@ -3,7 +3,7 @@
 The search knows two kinds of error for an FP32 set: the *predicted* residual of a prefix of its order (the
 quadrature sum of the scores left in the lower precision, from the ranking) and, where a cheap forward
 measured it, the *observed* relative error of the plan's output against FP32's on the example inputs
-(`tuner.search.proxy`). Both are on the same scale (a relative output error), so one fit serves both: each
+(`tuner.search.guide`). Both are on the same scale (a relative output error), so one fit serves both: each
 full evaluation adds a point (error, measured drop), and the fit places the next probe where the drop is
 predicted to reach a chosen share of what the tolerance allows.
 """

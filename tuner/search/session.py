@@ -53,6 +53,7 @@ from tuner.workspace.journal import Journal
 from tuner.workspace.keeper import ModelKeeper
 
 Scores = Mapping[OpInstance, float]
+LowForward = tuple[float | None, float]  # the all-low plan's output error on the example inputs, and seconds
 
 # An all-low output this far from the FP32 one (relative error) must move any metric computed from it.
 UNSEEN_OUTPUT_ERROR = 0.5
@@ -92,7 +93,6 @@ class TuneSession:
                                    journal=journal, ranks=self.ranks, emit=self.emit)
         self.notes: list[str] = []
         self.warnings: list[str] = []
-        self.low_forward: tuple[float | None, float] | None = None  # the all-low plan's output error, seconds
 
     # --- the phases ------------------------------------------------------------------------------------------
     def run(self) -> TuneResult:
@@ -106,14 +106,14 @@ class TuneSession:
             found = self.find_candidates(inputs)
             self.evaluator.inputs = found.inputs  # each trial holds lowered what its checkpoint would
             trials = SearchTrials(self.evaluator, found, base, accept, self.options, self.recorder(found))
-            first = self.all_low(found, trials)
+            first, low = self.all_low(found, trials)
             self.check_metric_sees_outputs(found, base)
             if first.passed:
                 chosen = frozenset()
                 self.notes.append("everything eligible passes in the lower precision")
             elif found.instances:
                 scores = self.rank(found)
-                chosen, stopped = self.search(found, scores, trials, first)
+                chosen, stopped = self.search(found, scores, trials, first, low)
         except SearchStopped as stop:
             stopped = stop.reason  # type: ignore[assignment]
         except (KeyboardInterrupt, Interrupted):
@@ -198,19 +198,21 @@ class TuneSession:
                                                                   str(self.options.preset), found.all_low_error)))
         return found
 
-    def all_low(self, found: Candidates, trials: SearchTrials) -> Probe:
+    def all_low(self, found: Candidates, trials: SearchTrials) -> tuple[Probe, LowForward | None]:
         """The all-low trial, unless its output on the example inputs overflows (inf or NaN): that plan fails
-        without an evaluation, and the search starts from the units that overflow (they rank first). Under
-        torchrun it is always evaluated (a forward would have to run on every rank together)."""
-        if found.instances and not self.ranks.distributed:
-            t0 = time.monotonic()
-            error = self.evaluator.output_error(plan_for(self.options, found.fp32_modules, ()), found.ref_out)
-            self.low_forward = (error, time.monotonic() - t0)
-            if error == math.inf:
-                self.notes.append(f"with everything eligible in {self.options.dtype} the output overflows on the "
-                                  "example inputs (inf or NaN); that plan was not evaluated")
-                return Probe(False, math.inf)
-        return trials.probe(frozenset(), {})
+        without an evaluation, and the search starts from the units that overflow (they rank first). Also
+        the forward that told (its output error and seconds: the guide's first point), None under torchrun,
+        where the trial is always evaluated (a forward would have to run on every rank together)."""
+        if not found.instances or self.ranks.distributed:
+            return trials.probe(frozenset(), {}), None
+        t0 = time.monotonic()
+        error = self.evaluator.output_error(plan_for(self.options, found.fp32_modules, ()), found.ref_out)
+        low = (error, time.monotonic() - t0)
+        if error == math.inf:
+            self.notes.append(f"with everything eligible in {self.options.dtype} the output overflows on the "
+                              "example inputs (inf or NaN); that plan was not evaluated")
+            return Probe(False, math.inf), low
+        return trials.probe(frozenset(), {}), low
 
     def check_metric_sees_outputs(self, found: Candidates, base: Baseline) -> None:
         """UserCodeError when running every candidate low changes the model's output a lot (relative error
@@ -245,8 +247,8 @@ class TuneSession:
                 return self.ranks.mean(scores)
             return self.ranks.broadcast(scores)  # every rank searches in rank 0's order
 
-    def search(self, found: Candidates, scores: Scores, trials: SearchTrials,
-               first: Probe) -> tuple[frozenset[OpInstance] | None, StopReason | None]:
+    def search(self, found: Candidates, scores: Scores, trials: SearchTrials, first: Probe,
+               low: LowForward | None) -> tuple[frozenset[OpInstance] | None, StopReason | None]:
         """PrecisionSearch over units (every candidate one module's own code calls: what a loaded plan can run
         in FP32 without Python per op, `tuner.engine.native`); its chosen FP32 set and why it stopped early."""
         units = found.units()
@@ -254,7 +256,7 @@ class TuneSession:
                                  lambda picked: trials.probe(frozenset(i for n in picked for i in units[n]), scores),
                                  costs=[sum(found.costs[found.instances[i]] for i in u) for u in units],
                                  thorough=self.options.thorough, all_low_failed=True, all_low_drop=first.drop,
-                                 guide=self.guide(found, units))
+                                 guide=self.guide(found, units, low))
         outcome = search.run()
         self.notes.extend(outcome.notes)
         if search.guide is not None and search.guide.forwards:
@@ -263,14 +265,14 @@ class TuneSession:
         chosen = None if outcome.fp32 is None else found.pick(frozenset(i for n in outcome.fp32 for i in units[n]))
         return chosen, outcome.stopped  # type: ignore[return-value]
 
-    def guide(self, found: Candidates, units: list[tuple[int, ...]]) -> Guide | None:
+    def guide(self, found: Candidates, units: list[tuple[int, ...]], low: LowForward | None) -> Guide | None:
         """The search's guide: a unit set kept FP32 -> the output error of its plan on the example inputs
         (Evaluator.output_error), as many forwards as the evaluate's time affords (`guide_limits`). None under
         torchrun (every rank would have to run each forward together) or when the output has no
-        floating-point tensor to compare."""
-        if self.ranks.distributed or self.low_forward is None:
+        floating-point tensor to compare. `low`: the all-low plan's forward (TuneSession.all_low)."""
+        if self.ranks.distributed or low is None:
             return None
-        low_error, forward_s = self.low_forward
+        low_error, forward_s = low
         if low_error is None:
             return None
 

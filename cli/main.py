@@ -1,6 +1,7 @@
 """The `mpt` command: a thin click layer over the `tuner` library."""
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -43,8 +44,12 @@ class MptGroup(click.Group):
 
     When the command is over (outputs written, the output folder's lock released) and a thread the user's
     code started is still running, Python would wait for it at exit, forever for a loop; mpt says so once
-    and ends the process with its exit code. Only when run as the program (no `args` given, as the `mpt`
-    script and `python -m mpt_cli` call it), never inside a caller's process (click's CliRunner, a test).
+    and ends the process with its exit code. A torchrun worker also ends at once, without Python's and
+    C++'s teardown (after the exit handlers): a model sharded with FSDP2 keeps its gloo process group alive past
+    `destroy_process_group` (its threads still run), and that group torn down at interpreter exit
+    intermittently aborts the process ("terminate called without an active exception", exit -6) after a
+    tune that succeeded. Only when run as the program (no `args` given, as the `mpt` script and
+    `python -m mpt_cli` call it), never inside a caller's process (click's CliRunner, a test).
     """
 
     def main(self, args: Any = None, *rest: Any, **kwargs: Any) -> Any:
@@ -53,16 +58,33 @@ class MptGroup(click.Group):
         try:
             return super().main(args, *rest, **kwargs)
         except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
             stray = _stray_threads()
             if stray:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
                 names = ", ".join(t.name for t in stray[:5]) + (", ..." if len(stray) > 5 else "")
                 print(f"mpt: warning: your code left {len(stray)} thread(s) running ({names}); mpt exits without "
                       "waiting for them", file=sys.stderr)
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
+            if stray:
+                _end_now(code)
+            if _torchrun_worker():
+                atexit._run_exitfuncs()  # what the user's code registered still runs (threads joined: no stray)
+                _end_now(code)
             raise
+
+
+def _torchrun_worker() -> bool:
+    """True in a process torchrun started as one of several ranks (WORLD_SIZE > 1)."""
+    return os.environ.get("WORLD_SIZE", "1").strip() not in ("", "0", "1")
+
+
+def _end_now(code: int) -> None:
+    """Flush what was printed and end the process with `code`, running no exit handlers or destructors."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream
+            pass
+    os._exit(code)
 
 
 @click.group(cls=MptGroup, help=HELP,

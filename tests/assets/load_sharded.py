@@ -32,4 +32,11 @@ for arg in sys.argv[2:]:
     found.append(json.dumps({"rank": dist.get_rank(), "folder": folder, "metric": metric, "dtypes": dtypes,
                              "rounded": rounded}))
 Path(f"{sys.argv[1]}.{dist.get_rank()}").write_text("\n".join(found) + "\n")
+dist.barrier()
 dist.destroy_process_group()
+# The FSDP2 models keep the gloo group alive past destroy_process_group (its threads still run); torn down
+# at interpreter exit it intermittently aborts the process (exit -6) after the work is done. End at once,
+# as `mpt` itself does under torchrun (cli/main.py).
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)

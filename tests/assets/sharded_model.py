@@ -8,7 +8,10 @@ MPT_TEST_SHARD picks how build_model() shards it over a CPU mesh of every rank
   hsdp   FSDP2 over a 2-D mesh (1 x world): mpt refuses it
   (unset) the plain model, in one process or replicated on every rank
 MPT_TEST_RAISE=R:N makes rank R raise at its Nth evaluate() call; MPT_TEST_KILL=R:N kills it there.
+MPT_TEST_EXIT=PATH: build_model() registers an exit handler that writes PATH.atexit.<rank>, and an object
+that writes PATH.final.<rank> when the interpreter's teardown destroys it.
 """
+import atexit
 import os
 import signal
 
@@ -21,7 +24,26 @@ _TASK = PlantedTask(8, 2, samples=256)
 _calls = 0
 
 
+class _Finalized:
+    """Writes `path` when destroyed: at the interpreter's teardown, as a module global."""
+
+    def __init__(self, path, _open=open):
+        self.path, self._open = path, _open  # open bound now: the teardown clears builtins
+
+    def __del__(self):
+        with self._open(self.path, "w") as f:
+            f.write("finalized\n")
+
+
+def _mark_exit(path):
+    rank = os.environ.get("RANK", "0")
+    atexit.register(lambda: open(f"{path}.atexit.{rank}", "w").write("atexit\n"))
+    globals()["_finalized"] = _Finalized(f"{path}.final.{rank}")
+
+
 def build_model():
+    if os.environ.get("MPT_TEST_EXIT") and "_finalized" not in globals():
+        _mark_exit(os.environ["MPT_TEST_EXIT"])
     model = _TASK.build()
     how = os.environ.get("MPT_TEST_SHARD", "")
     if not how or not dist.is_initialized():

@@ -55,7 +55,7 @@ def runs(tmp_path_factory):
     from click.testing import CliRunner
 
     tmp = tmp_path_factory.mktemp("sharded")
-    results = {"fsdp": sharded(tmp / "fsdp", "fsdp", "--consolidate", latency=True),
+    results = {"fsdp": sharded(tmp / "fsdp", "fsdp", "--consolidate", latency=True, MPT_TEST_EXIT=str(tmp / "exit")),
                "tp": sharded(tmp / "tp", "tp")}
     one = CliRunner().invoke(main, ["tune", MODEL, "--out", str(tmp / "one"), "--no-latency"])
     assert one.exit_code == 0, one.output
@@ -83,6 +83,11 @@ def test_sharded_tunes_find_the_unsharded_plan_and_checkpoints_reproduce_the_met
     latency = report(tmp / "fsdp")["latency_ms"]
     assert latency is not None and latency["fp32"] > 0 and latency["tuned"] > 0  # timed on both ranks together
     assert report(tmp / "tp")["latency_ms"] is None
+    # The ranks ended without the interpreter's teardown, where the gloo group FSDP2 keeps alive can abort a
+    # rank after a tune that succeeded; the exit handlers the user's code registered still ran.
+    for rank in range(2):
+        assert Path(f"{tmp / 'exit'}.atexit.{rank}").is_file(), rank
+        assert not Path(f"{tmp / 'exit'}.final.{rank}").exists(), rank
 
     # Unsharded, in this process: the consolidated file (FSDP2 run), the DCP folder read whole (TP run).
     import tuner

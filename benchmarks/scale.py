@@ -12,6 +12,11 @@ FP32 reference process.
 
     python benchmarks/scale.py                      # 4, 16 and 22 layers (1.1B) of TinyLlama's width
     python benchmarks/scale.py --layers 4 --hidden 512 --mlp 1408 --vocab 4000   # a quick run
+    python benchmarks/scale.py --layers 22 --batches 36 --fsdp 2   # FSDP2 over 2 gloo ranks under torchrun
+
+With `--fsdp N` both processes run under torchrun on N ranks (MPT_SCALE_SHARD=fsdp: every layer sharded with
+FSDP2, the batches split over the ranks); the times are rank 0's phases and the ranks' mean build/evaluate,
+the peak RSS the largest rank's.
 """
 from __future__ import annotations
 
@@ -111,7 +116,13 @@ def child(argv: list[str]) -> int:
         code = 0
     except SystemExit as exc:
         code = int(exc.code or 0)
-    Path(os.environ["MPT_SCALE_PHASES"]).write_text(json.dumps({"seconds": spent, "peaks": peaks}))
+    rank = os.environ.get("RANK", "0")
+    Path(os.environ["MPT_SCALE_PHASES"] + ("" if rank == "0" else f".{rank}")).write_text(
+        json.dumps({"seconds": spent, "peaks": peaks}))
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a torchrun rank ends as `mpt` does (cli/main.py)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     return code
 
 
@@ -128,24 +139,56 @@ def measured(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int]:
 
 
 def user_seconds(times: Path) -> dict[str, float]:
-    found = {"build": 0.0, "evaluate": 0.0, "evaluations": 0}
+    """The user's build and evaluate seconds (the mean over the processes that logged them: the ranks) and
+    the number of evaluate calls per process."""
+    per: dict[int, dict[str, float]] = {}
     for line in times.read_text().splitlines() if times.exists() else []:
         rec = json.loads(line)
+        found = per.setdefault(rec["pid"], {"build": 0.0, "evaluate": 0.0, "evaluations": 0})
         found[rec["kind"]] += rec["seconds"]
         found["evaluations"] += rec["kind"] == "evaluate"
-    return found
+    if not per:
+        return {"build": 0.0, "evaluate": 0.0, "evaluations": 0}
+    return {key: sum(f[key] for f in per.values()) / len(per) for key in ("build", "evaluate", "evaluations")}
+
+
+REF = """import os, sys
+sys.path.insert(0, sys.argv[1])
+if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+import llama_model as m
+m.evaluate(m.build_model())
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def launcher(args: argparse.Namespace) -> list[str]:
+    """How a process starts: plain python, or torchrun on `--fsdp` ranks."""
+    if not args.fsdp:
+        return [sys.executable]
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.fsdp), "--master-port",
+            str(port)]
 
 
 def one_depth(layers: int, args: argparse.Namespace, work: Path) -> dict:
     env = {**os.environ, "MPT_SCALE_LAYERS": str(layers), "MPT_SCALE_HIDDEN": str(args.hidden),
            "MPT_SCALE_MLP": str(args.mlp), "MPT_SCALE_VOCAB": str(args.vocab), "MPT_SCALE_TOKENS": str(args.tokens),
            "MPT_SCALE_BATCHES": str(args.batches), "PYTHONPATH": str(ROOT)}
+    if args.fsdp:
+        env.update(MPT_SCALE_SHARD="fsdp", OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // args.fsdp)))
     ref_times = work / f"ref-{layers}.jsonl"
-    ref_cmd = [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import llama_model as m; "
-               "m.evaluate(m.build_model())", str(MODEL.parent)]
+    (work / "ref.py").write_text(REF)
+    ref_cmd = [*launcher(args), str(work / "ref.py"), str(MODEL.parent)]
     ref_wall, ref_rss, _ = measured(ref_cmd, {**env, "MPT_SCALE_TIMES": str(ref_times)})
     times, phases = work / f"tune-{layers}.jsonl", work / f"phases-{layers}.json"
-    cmd = [sys.executable, __file__, "--child", "tune", str(MODEL), "--dtype", "bf16", "--tolerance",
+    cmd = [*launcher(args), __file__, "--child", "tune", str(MODEL), "--dtype", "bf16", "--tolerance",
            str(args.tolerance), "--out", str(work / f"out-{layers}"), *args.mpt_args]
     wall, rss, rc = measured(cmd, {**env, "MPT_SCALE_TIMES": str(times), "MPT_SCALE_PHASES": str(phases)})
     user = user_seconds(times)
@@ -175,9 +218,12 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=64, help="tokens per batch")
     ap.add_argument("--batches", type=int, default=4, help="batches per evaluate")
     ap.add_argument("--tolerance", type=float, default=0.02)
+    ap.add_argument("--fsdp", type=int, default=0, metavar="N", help="shard with FSDP2 over N torchrun ranks")
     ap.add_argument("--mpt-args", nargs=argparse.REMAINDER, default=[], help="more `mpt tune` options (last)")
     args = ap.parse_args()
-    print(f"# scale: {machine_line()}\n")
+    if args.fsdp and args.batches % args.fsdp:
+        ap.error(f"--batches {args.batches} must split evenly over --fsdp {args.fsdp} ranks")
+    print(f"# scale: {machine_line()}" + (f", FSDP2 over {args.fsdp} gloo ranks" if args.fsdp else "") + "\n")
     rows, phase_rows, ok = [], [], True
     with tempfile.TemporaryDirectory() as tmp:
         for layers in args.layers:

@@ -2,7 +2,9 @@
 
 The shape is TinyLlama-1.1B's (hidden 2048, MLP 5632, 32 heads, 4 key/value heads, vocab 32000, 22 layers)
 unless the environment says otherwise: MPT_SCALE_LAYERS, MPT_SCALE_HIDDEN, MPT_SCALE_MLP, MPT_SCALE_VOCAB,
-MPT_SCALE_TOKENS (tokens per batch), MPT_SCALE_BATCHES (batches per evaluate). Written in plain torch (RMSNorm,
+MPT_SCALE_TOKENS (tokens per batch), MPT_SCALE_BATCHES (batches per evaluate). Under torchrun with
+MPT_SCALE_SHARD=fsdp, build_model() shards every layer and the root with FSDP2 over a CPU mesh of every rank
+(gloo), and evaluate() splits the batches over the ranks and all-reduces the counts. Written in plain torch (RMSNorm,
 rotary embeddings, grouped-query attention through SDPA, SwiGLU) so it needs no transformers install.
 
 `evaluate` is next-token top-1 agreement with the FP32 model over MPT_SCALE_BATCHES batches: the first call
@@ -18,6 +20,7 @@ import os
 import time
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -126,8 +129,20 @@ def build_model() -> nn.Module:
             if p.dim() == 2:
                 p.normal_(0.0, 0.02 if "embed" in name else 0.02 / math.sqrt(2 * LAYERS))
     model.eval()
+    if _sharded():
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        for layer in model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
     _log("build", time.monotonic() - t0)
     return model
+
+
+def _sharded() -> bool:
+    return os.environ.get("MPT_SCALE_SHARD") == "fsdp" and dist.is_initialized()
 
 
 def _batches() -> list[torch.Tensor]:
@@ -145,12 +160,18 @@ _REFERENCE: list[torch.Tensor] = []  # the FP32 model's predictions: from the fi
 def evaluate(model) -> float:
     t0 = time.monotonic()
     agree = total = 0
+    rank, size = (dist.get_rank(), dist.get_world_size()) if _sharded() else (0, 1)
+    batches = _batches()[rank::size]
     with torch.no_grad():
-        for i, x in enumerate(_batches()):
+        for i, x in enumerate(batches):
             pred = model(x).argmax(-1)
             if len(_REFERENCE) <= i:
                 _REFERENCE.append(pred)
             agree += int((pred == _REFERENCE[i]).sum())
             total += pred.numel()
+        if size > 1:  # every rank returns the same metric
+            counts = torch.tensor([agree, total], dtype=torch.float64)
+            dist.all_reduce(counts)
+            agree, total = int(counts[0]), int(counts[1])
     _log("evaluate", time.monotonic() - t0)
     return agree / total

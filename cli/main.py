@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import atexit
-import os
 import sys
 import threading
 from typing import Any
 
 import click
+
+from tuner.core.launch_env import end_process, is_torchrun_worker
 
 from . import exitcodes
 from .check_cmd import check_cmd
@@ -64,27 +65,11 @@ class MptGroup(click.Group):
                 names = ", ".join(t.name for t in stray[:5]) + (", ..." if len(stray) > 5 else "")
                 print(f"mpt: warning: your code left {len(stray)} thread(s) running ({names}); mpt exits without "
                       "waiting for them", file=sys.stderr)
-            if stray:
-                _end_now(code)
-            if _torchrun_worker():
+                end_process(code)
+            if is_torchrun_worker():
                 atexit._run_exitfuncs()  # what the user's code registered still runs (threads joined: no stray)
-                _end_now(code)
+                end_process(code)
             raise
-
-
-def _torchrun_worker() -> bool:
-    """True in a process torchrun started as one of several ranks (WORLD_SIZE > 1)."""
-    return os.environ.get("WORLD_SIZE", "1").strip() not in ("", "0", "1")
-
-
-def _end_now(code: int) -> None:
-    """Flush what was printed and end the process with `code`, running no exit handlers or destructors."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001 - a closed stream
-            pass
-    os._exit(code)
 
 
 @click.group(cls=MptGroup, help=HELP,

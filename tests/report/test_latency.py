@@ -132,3 +132,43 @@ def test_a_forward_too_long_for_the_budget_is_not_timed_after_one_call():
     with pytest.raises(TooSlowToTime) as info:
         compare_latency(model, Plan(dtype="bf16", preset="torch-cpu"), (torch.randn(2, 4),), budget=0.05 * 2)
     assert len(calls) == 1 and info.value.forward_s >= 0.05 and f"the {MIN_FORWARDS} forwards" in str(info.value)
+
+
+class _SlowTuned(nn.Module):
+    """FP32 forwards take `fp32` seconds, forwards with a plan attached `tuned` (sleeps): a lower precision
+    far slower than FP32, as bf16 is on a CPU without bf16 kernels."""
+
+    def __init__(self, fp32: float, tuned: float) -> None:
+        super().__init__()
+        self.lin, self.fp32, self.tuned = nn.Linear(4, 4), fp32, tuned
+        self.calls: list[bool] = []
+
+    def forward(self, x):
+        import time
+
+        from tuner.engine.attach import attached
+
+        on = attached(self) is not None
+        self.calls.append(on)
+        time.sleep(self.tuned if on else self.fp32)
+        return self.lin(x)
+
+
+def test_a_tuned_forward_too_long_for_the_budget_is_not_timed_after_the_warm_ups():
+    from tuner.report.latency import TooSlowToTime
+
+    model = _SlowTuned(0.01, 0.1)  # the FP32 warm-up alone fits: 8 x 0.01 s < 0.3 s; 4 pairs do not
+    with pytest.raises(TooSlowToTime) as info:
+        compare_latency(model, Plan(dtype="bf16", preset="torch-cpu"), (torch.randn(2, 4),), budget=0.3)
+    assert model.calls == [False, True] and "one tuned forward" in str(info.value)
+    assert info.value.forward_s >= 0.1
+
+
+def test_the_budget_holds_for_the_whole_timing_with_at_least_three_rounds():
+    from tuner.report.latency import MIN_ROUNDS
+
+    model = _SlowTuned(0.01, 0.03)  # 4 pairs fit in 0.2 s (warm-ups included); the 5 rounds asked for do not
+    lat = compare_latency(model, Plan(dtype="bf16", preset="torch-cpu"), (torch.randn(2, 4),), budget=0.2,
+                          min_rounds=5, min_time=10.0)
+    assert MIN_ROUNDS == 3 and len(model.calls) == 2 * lat.rounds + 2
+    assert MIN_ROUNDS <= lat.rounds < 5  # no round started that would end past the budget

@@ -6,10 +6,13 @@ same variables when it joins the process group.
 from __future__ import annotations
 
 import os
+import sys
+from typing import NoReturn
 
 from tuner.core.errors import ConfigError
 
-__all__ = ["env_int", "env_world_size", "is_follower_by_env", "launch_problem"]
+__all__ = ["end_process", "env_int", "env_world_size", "is_follower_by_env", "is_torchrun_worker",
+           "launch_problem"]
 
 
 def env_int(name: str, default: int) -> int:
@@ -50,3 +53,23 @@ def launch_problem(size: int, *, group_ready: bool) -> str:
     return (f"WORLD_SIZE={size} is set but {names} {'is' if len(missing) == 1 else 'are'} not, so "
             f"this is not a torchrun worker: start mpt with `torchrun --nproc-per-node {size} --no-python mpt ...`, "
             "or unset WORLD_SIZE for one process")
+
+
+def is_torchrun_worker() -> bool:
+    """True in a process torchrun started as one of several ranks (WORLD_SIZE > 1)."""
+    try:
+        return env_world_size() > 1
+    except ConfigError:
+        return False
+
+
+def end_process(code: int) -> NoReturn:
+    """Flush what was printed and end the process with `code` at once: no exit handlers, no interpreter or
+    C++ teardown (a rank ending after a failure elsewhere, or after a torchrun tune whose model kept its
+    process group alive: cli/main.py)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream
+            pass
+    os._exit(code)

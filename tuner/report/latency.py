@@ -125,13 +125,14 @@ def judge(fp32_s: Sequence[float], tuned_s: Sequence[float], *, threads: int = 1
 class TooSlowToTime(Exception):
     """One forward takes too long for the rounds a verdict needs to fit the timing budget."""
 
-    def __init__(self, forward_s: float, budget_s: float) -> None:
-        super().__init__(f"one FP32 forward on the example inputs takes {forward_s:.2f} s, so the {MIN_FORWARDS} "
+    def __init__(self, forward_s: float, budget_s: float, side: str = "FP32") -> None:
+        super().__init__(f"one {side} forward on the example inputs takes {forward_s:.2f} s, so the {MIN_FORWARDS} "
                          f"forwards a verdict needs would take longer than the {budget_s:.1f} s budget")
         self.forward_s, self.budget_s = forward_s, budget_s
 
 
 MIN_FORWARDS = 8  # the warm-up of each side and 3 rounds of both: fewer cannot give a verdict
+MIN_ROUNDS = MIN_FORWARDS // 2 - 1  # the rounds a budget stops at, at the least
 
 
 def compare_latency(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, *, device: str = "cpu",
@@ -147,9 +148,11 @@ def compare_latency(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, *
     again before each call should the model change it. Rounds go on for at
     least `min_time` seconds and `min_rounds`, then until the speedup's
     interval is within `bound` or `max_time` seconds have passed (or
-    `max_rounds`); `judge` gives the verdict. `budget` (seconds) replaces `max_time`, and then a forward
-    too long for it raises TooSlowToTime after the FP32 warm-up alone: MIN_FORWARDS forwards of that length
-    would not fit (a large model, whose timing would cost a sizeable share of the tune). The attached model casts its
+    `max_rounds`); `judge` gives the verdict. `budget` (seconds) replaces `max_time` and holds for the whole
+    timing, warm-ups included: TooSlowToTime after the FP32 warm-up when MIN_FORWARDS FP32 forwards would not
+    fit (a large model, whose timing would cost a sizeable share of the tune), or after the tuned warm-up when
+    MIN_FORWARDS / 2 pairs would not (a tuned side far slower, as bf16 is on a CPU without bf16 kernels); no
+    round starts that would end past it, and at least MIN_ROUNDS rounds run. The attached model casts its
     FP32 weights on every call, where the loaded checkpoint already stores
     them lowered: `tuned` errs on the slow side (report.json: `tuned_weights: "cast per call"`).
     `decide` makes every stop decision the same on every rank of a sharded model (whose forwards are collective:
@@ -185,15 +188,20 @@ def compare_latency(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, *
             warm = timed()  # warm-up of each
             if decide(budget is not None and warm * MIN_FORWARDS > budget):
                 raise TooSlowToTime(warm, budget or 0.0)
-            tuned()
+            pair = warm + tuned()  # the tuned side may be far slower (bf16 without bf16 kernels)
+            if decide(budget is not None and pair * MIN_FORWARDS / 2 > budget):
+                raise TooSlowToTime(pair - warm, budget or 0.0, side="tuned")
             start = time.perf_counter()
+            floor = min_rounds if budget is None else min(min_rounds, MIN_ROUNDS)
             check = min_rounds  # the interval is looked at after 20% more rounds each time: no O(n^2) sorting
             stop = max_rounds < 1
             while not stop:
                 fp32_s.append(timed())
                 tuned_s.append(tuned())
                 elapsed = time.perf_counter() - start
-                stop = len(fp32_s) >= max_rounds or (len(fp32_s) >= min_rounds and elapsed >= max_time)
+                # with a budget, no round starts that would end past it (the warm-ups count)
+                over = elapsed >= max_time if budget is None else pair + elapsed + fp32_s[-1] + tuned_s[-1] > budget
+                stop = len(fp32_s) >= max_rounds or (len(fp32_s) >= floor and over)
                 if not stop and len(fp32_s) >= check and elapsed >= min_time:
                     stop = judge(fp32_s, tuned_s, bound=bound).judged
                     check = check if stop else max(check + 1, int(len(fp32_s) * 1.2))

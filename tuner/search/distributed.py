@@ -34,7 +34,6 @@ import math
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -44,7 +43,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import torch
 
 from tuner.core.errors import ConfigError, UserCodeError, exc_line
-from tuner.core.launch_env import env_int, env_world_size, launch_problem
+from tuner.core.launch_env import end_process, env_int, env_world_size, launch_problem
 
 if TYPE_CHECKING:
     from tuner.core.inputs import ModelInputs
@@ -308,7 +307,7 @@ class Ranks:
         if self._report is not None and (self.is_main or posted.lost):
             self._report(posted)
         _record_for_torchrun(posted)
-        _exit(posted.code)
+        end_process(posted.code)
 
     def abort(self, code: int, message: str, notes: tuple[str, ...] = (), *, report: Report) -> NoReturn:
         """This rank failed: post it for the others, report the first failure (rank 0) and exit with its code.
@@ -317,7 +316,7 @@ class Ranks:
         """
         _ignore_signals()
         if not self._exiting.acquire(timeout=ACK_SECONDS):
-            _exit(code)  # pragma: no cover - the watchdog is ending the process already
+            end_process(code)  # pragma: no cover - the watchdog is ending the process already
         mine = Abort(code, self.rank, message, tuple(notes))
         first = self._post(mine)
         if self.is_main:
@@ -325,7 +324,7 @@ class Ranks:
         if first is mine:
             self._await_acks()
         _record_for_torchrun(first)
-        _exit(first.code)
+        end_process(first.code)
 
     def _post(self, mine: Abort) -> Abort:
         """Post `mine` unless another rank posted first; the failure every rank ends with."""
@@ -483,15 +482,6 @@ def _record_for_torchrun(abort: Abort) -> None:
             json.dump(data, fh)
     except OSError:
         pass
-
-
-def _exit(code: int) -> NoReturn:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001 - a closed stream
-            pass
-    os._exit(code)
 
 
 class SharedJournal:

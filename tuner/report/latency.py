@@ -188,9 +188,10 @@ def compare_latency(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, *
             warm = timed()  # warm-up of each
             if decide(budget is not None and warm * MIN_FORWARDS > budget):
                 raise TooSlowToTime(warm, budget or 0.0)
-            pair = warm + tuned()  # the tuned side may be far slower (bf16 without bf16 kernels)
+            tuned_warm = tuned()  # may be far slower than FP32 (bf16 without bf16 kernels)
+            pair = warm + tuned_warm
             if decide(budget is not None and pair * MIN_FORWARDS / 2 > budget):
-                raise TooSlowToTime(pair - warm, budget or 0.0, side="tuned")
+                raise TooSlowToTime(tuned_warm, budget or 0.0, side="tuned")
             start = time.perf_counter()
             floor = min_rounds if budget is None else min(min_rounds, MIN_ROUNDS)
             check = min_rounds  # the interval is looked at after 20% more rounds each time: no O(n^2) sorting

@@ -43,9 +43,6 @@ from tuner.workspace.keeper import ModelKeeper
 
 BASELINE_KEY = "baseline#{n}"
 
-Recount = Callable[[], tuple[str, int]]  # a passed trial's label and Trial.kept, counted as the plan records them
-
-
 def trial_key(fp32_labels: tuple[str, ...]) -> str:
     """The journal key of the trial that keeps these instances (sorted labels) FP32."""
     return "fp32=" + ",".join(fp32_labels)
@@ -131,14 +128,12 @@ class Evaluator:
         n = sum(t.baseline for t in self.trials) + 1
         return self._run(BASELINE_KEY.format(n=n), f"FP32 baseline run {n}", None, (), Shares(), None)
 
-    def trial(self, plan: Plan, label: str, shares: Shares, accept: Acceptance, kept: int | None = None,
-              recount: Recount | None = None) -> Trial:
+    def trial(self, plan: Plan, label: str, shares: Shares, accept: Acceptance, kept: int | None = None) -> Trial:
         """The model under `plan`; passed when `accept` confirms its metric. An evaluate that raises, or gives
         NaN/inf, fails the trial. Raises SearchStopped when a bound is reached. `kept`: the FP32 instances
-        the plan would record (Trial.kept); `recount`, when given, gives the label and `kept` of a trial
-        that passed (a recorded forward of mpt's own: not spent on trials that cannot become the plan)."""
+        the plan would record (Trial.kept; None: not counted)."""
         fp32 = tuple(sorted(i.label() for i in plan.fp32_instances))
-        return self._run(trial_key(fp32), label, plan, fp32, shares, accept, kept, recount)
+        return self._run(trial_key(fp32), label, plan, fp32, shares, accept, kept)
 
     def _check_bounds(self) -> None:
         if self.bounds.max_evals is not None and self.evals >= self.bounds.max_evals:
@@ -149,7 +144,7 @@ class Evaluator:
                 raise SearchStopped(StopReason.TIME_BUDGET)
 
     def _run(self, key: str, label: str, plan: Plan | None, fp32: tuple[str, ...], shares: Shares,
-             accept: Acceptance | None, kept: int | None = None, recount: Recount | None = None) -> Trial:
+             accept: Acceptance | None, kept: int | None = None) -> Trial:
         """A trial from the journal, or a new evaluation (written to the journal). `plan` None: the baseline."""
         baseline = plan is None
         n = len(self.trials) + 1
@@ -157,8 +152,6 @@ class Evaluator:
         if cached is not None:
             metric = None if cached.get("metric") is None else float(cached["metric"])
             passed = baseline or (accept is not None and accept.confirms(metric))
-            if passed and recount is not None:
-                label, kept = recount()
             return self._record(Trial(n, label, fp32, metric, passed, float(cached["seconds"]), shares,
                                       cached.get("error"), True, baseline, kept))
         if not baseline:
@@ -166,8 +159,6 @@ class Evaluator:
         self._emit(TuneEvent(EventKind.EVALUATING, Evaluating(n, label)))
         metric, error, secs = self._call(plan)
         passed = baseline or (accept is not None and accept.confirms(metric))
-        if passed and recount is not None:
-            label, kept = recount()
         trial = Trial(n, label, fp32, metric, passed, secs, shares, error, False, baseline, kept)
         if self.journal:
             self.journal.append(key, {"metric": metric, "passed": passed, "seconds": secs, "error": error,

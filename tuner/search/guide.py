@@ -24,17 +24,22 @@ MISLEADS = 0.9  # a ranking misleads when half of its predicted error is removed
 IMPROVE_AIM = 0.85  # lower units back while the predicted drop stays under this share of the allowed drop
 MAX_PREFIXES = 64  # prefixes observed one by one; more are sampled and interpolated
 MAX_IMPROVE_UNITS = 16  # units weighed for lowering back per round (one forward each)
-FEW_PREFIXES, FEW_UNITS = 16, 4  # where a forward costs a noticeable share of an evaluation
+FEW_PREFIXES, FEW_UNITS = 16, 4  # where a forward costs a noticeable share of an evaluation: at most these
+MIN_PREFIXES, MIN_UNITS = 4, 2  # and at least these, however slow a forward is
+GUIDE_EVALS = 1.0  # where forwards are dear, the prefixes observed cost about this many evaluations
 CHEAP_FORWARD_S = 0.05  # MAX_PREFIXES forwards of this cost take a few seconds: not worth limiting
 
 
 def guide_limits(forward_s: float, evaluate_s: float) -> tuple[int, int]:
     """(prefixes, units per round): the full limits when a forward is cheap (in seconds, or under 1/64 of an
-    evaluate), else FEW_PREFIXES and FEW_UNITS, so that on a large model the guide stays a small share of
-    the tune (issue 20). Two levels, so small models are guided the same way on any machine."""
+    evaluate), so small models are guided the same way on any machine. Else as many prefixes as GUIDE_EVALS
+    evaluations' time buys (FEW_PREFIXES at most, MIN_PREFIXES at least) and a quarter as many units per
+    lowering round, so that on a large model, where one forward costs a share of an evaluation, the guide
+    stays a small share of the tune (issue 20: 13 forwards were 7% of a 1.1B tune on a CPU without bf16)."""
     if forward_s <= CHEAP_FORWARD_S or evaluate_s >= MAX_PREFIXES * forward_s:
         return MAX_PREFIXES, MAX_IMPROVE_UNITS
-    return FEW_PREFIXES, FEW_UNITS
+    prefixes = min(FEW_PREFIXES, max(MIN_PREFIXES, int(GUIDE_EVALS * evaluate_s / forward_s)))
+    return prefixes, min(FEW_UNITS, max(MIN_UNITS, prefixes // 4))
 
 
 class Guide:

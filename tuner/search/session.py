@@ -21,6 +21,7 @@ from torch import nn
 
 from tuner.core.dtypes import parse_dtype
 from tuner.core.errors import ConfigError, Interrupted, UserCodeError
+from tuner.core.heap import compact_heap
 from tuner.core.inputs import ModelInputs, tensor_leaves
 from tuner.core.loader import user_site
 from tuner.core.sharding import Sharding
@@ -32,6 +33,7 @@ from tuner.policy.plan import OpInstance
 from tuner.policy.presets import load_preset
 from tuner.search.builtin_metric import builtin_evaluate
 from tuner.search.candidates import Candidates, find_candidates
+from tuner.search.changes import Change
 from tuner.search.distributed import Ranks, SharedJournal
 from tuner.search.evaluator import Bounds, Evaluator
 from tuner.search.guide import Guide, guide_limits
@@ -43,6 +45,7 @@ from tuner.search.results import (
     EventKind,
     RankProgress,
     StopReason,
+    Trial,
     TuneEvent,
     TuneResult,
     TuneStatus,
@@ -105,7 +108,7 @@ class TuneSession:
             inputs = self.example_inputs(inputs)
             found = self.find_candidates(inputs)
             self.evaluator.inputs = found.inputs  # each trial holds lowered what its checkpoint would
-            trials = SearchTrials(self.evaluator, found, base, accept, self.options, self.recorder(found))
+            trials = SearchTrials(self.evaluator, found, base, accept, self.options)
             first, low = self.all_low(found, trials)
             self.check_metric_sees_outputs(found, base)
             if first.passed:
@@ -240,7 +243,7 @@ class TuneSession:
 
         scorer = rank_gradient if method is RankMethod.GRADIENT else rank_exact
         self.ranks.same([c.label() for c in found.instances], "op instances to tune")
-        with self.keeper.borrowed() as model:
+        with self.keeper.borrowed() as model, compact_heap():  # its graph fragmented the heap (tuner.core.heap)
             scores = scorer(model, found.inputs, self.policy, self.dtype, list(found.instances), found.ref_out,
                             progress)
             if Sharding.of(model).sharded:  # each rank scored through its shards: the mean over the ranks
@@ -289,21 +292,30 @@ class TuneSession:
     def final_fp32(self, found: Candidates | None, chosen: frozenset[OpInstance] | None,
                    stopped: StopReason | None) -> tuple[tuple[OpInstance, ...], float | None, int | None]:
         """The FP32 instances of the plan to write, the metric that confirmed it and its trial number: the
-        best confirmed trial's set less the overrides that change nothing; all candidates when none passed."""
+        best confirmed trial's set less the overrides that change nothing; all candidates when none passed.
+        That trial's label then counts what its plan records (`3 FP32 (4 tried, 1 change nothing)`): a
+        recorded forward, spent on this trial alone."""
         best = best_trial(self.evaluator.trials, chosen)
         if best is None or found is None:
             return tuple(sorted(found.instances if found else ())), None, None
         fp32 = found.by_label(best.fp32)
-        idle = self._no_op_overrides(found, fp32) if stopped is not StopReason.INTERRUPTED else set()
+        if stopped is StopReason.INTERRUPTED:
+            return fp32, best.metric, best.n
+        idle = self._no_op_overrides(found, fp32)
         if idle:
             fp32 = tuple(i for i in fp32 if i not in idle)
             self.notes.append(f"{len(idle)} FP32 override(s) dropped: their inputs are FP32 under the plan, "
                               "so they ran in FP32 anyway")
+        self._relabel(best, len(fp32))
         return fp32, best.metric, best.n
 
-    def recorder(self, found: Candidates) -> Callable[[tuple[OpInstance, ...]], int]:
-        """How many of a trial's FP32 instances its plan would record (final_fp32's rule): one recorded forward."""
-        return lambda fp32: len(fp32) - len(self._no_op_overrides(found, fp32))
+    def _relabel(self, trial: Trial, kept: int) -> None:
+        """`trial`'s label and `kept` with the FP32 instances its plan records counted."""
+        trials = self.evaluator.trials
+        at = next(i for i, t in enumerate(trials) if t is trial)
+        before = next((t.fp32 for t in reversed(trials[:at]) if not t.baseline), None)
+        label = Change.between(before, trial.fp32, kept).text(self.options.dtype)
+        trials[at] = dataclasses.replace(trial, label=label, kept=kept)
 
     def _no_op_overrides(self, found: Candidates, fp32: tuple[OpInstance, ...]) -> set[OpInstance]:
         if not fp32:

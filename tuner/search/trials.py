@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from tuner.core.errors import Interrupted
 from tuner.options.tune import TuneOptions
@@ -39,21 +39,19 @@ def best_trial(trials: Sequence[Trial], chosen: frozenset[OpInstance] | None) ->
 class SearchTrials:
     """Trials by candidate index, as PrecisionSearch asks for them; a set asked for again is not evaluated again.
 
-    Each trial's label says what it changed from the trial before it (tuner.search.changes) and, when
-    `recorded` is given (the FP32 instances a plan would record once the overrides that change nothing are
-    dropped: `TuneSession.recorder`), how many instances a trial that passed keeps FP32 in its plan, counted as
-    the summary counts (one recorded forward each, so only for the trials one of which becomes the plan; a
-    failed trial's label counts the instances it tried).
+    Each trial's label says what it changed from the trial before it (tuner.search.changes) and how many
+    instances it keeps FP32 as tried. How many of them the plan records (the overrides that change nothing
+    dropped) costs a recorded forward, so it is counted once, for the trial whose plan is written
+    (`TuneSession.final_fp32`), not for every trial.
     """
 
     def __init__(self, evaluator: Evaluator, found: Candidates, base: Baseline, accept: Acceptance,
-                 options: TuneOptions, recorded: Callable[[tuple[OpInstance, ...]], int] | None = None) -> None:
+                 options: TuneOptions) -> None:
         self.evaluator = evaluator
         self.found = found
         self.base = base
         self.accept = accept
         self.options = options
-        self.recorded = recorded
         self._memo: dict[frozenset[int], Probe] = {}
         self._last: tuple[str, ...] | None = None  # the FP32 labels of the trial before (None: none yet)
 
@@ -66,19 +64,11 @@ class SearchTrials:
         fp32 = self.found.pick(fp32_idx)
         plan = plan_for(self.options, self.found.fp32_modules, fp32)
         labels = tuple(sorted(c.label() for c in fp32))
-        before, recorded, dtype = self._last, self.recorded, self.options.dtype
-        counted = recorded is not None and bool(fp32)  # else every instance tried is one the plan records
-
-        def recount() -> tuple[str, int]:
-            assert recorded is not None
-            kept = recorded(tuple(sorted(fp32)))
-            return Change.between(before, labels, kept).text(dtype), kept
-
-        label = Change.between(before, labels, None if counted else len(fp32)).text(dtype)
+        label = Change.between(self._last, labels).text(self.options.dtype)
         self._last = labels
         try:
             trial = self.evaluator.trial(plan, label, self.found.shares_without(fp32), self.accept,
-                                         None if counted else len(fp32), recount if counted else None)
+                                         0 if not fp32 else None)
         except (KeyboardInterrupt, Interrupted):
             raise SearchStopped(StopReason.INTERRUPTED) from None
         probe = Probe(trial.passed, drop(trial.metric, self.base, self.accept))

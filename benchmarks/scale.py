@@ -45,6 +45,8 @@ PHASES = [
     ("FP32 count (overrides that change nothing)", "tuner.search.session", "TuneSession._no_op_overrides"),
     ("confirm lowered weights", "tuner.search.evaluator", "Evaluator.confirm_lowered"),
     ("trial setup (deployed model)", "tuner.search.evaluator", "Evaluator._deployed"),
+    ("lowered weights held (pack)", "tuner.measure.held", "HeldLowered.match"),
+    ("lowered weights put back (unpack)", "tuner.measure.held", "HeldLowered.release"),
     ("guide forwards (search)", "tuner.search.guide", "Guide.error"),
     ("latency", "tuner.report.latency", "compare_latency"),
     ("outputs (checkpoint, plan pass, checks)", "tuner.report.writer", "write_outputs"),

@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch import nn
 
+import tuner.measure.held as held_module
 from tuner.workspace.keeper import ModelKeeper
 
 
@@ -59,3 +60,33 @@ def test_the_last_loan_gives_the_model_away_without_a_rebuild():
     with pytest.raises(RuntimeError, match="last loan"):
         with keeper.borrowed():
             pass
+
+
+def test_lowered_parameters_stay_held_between_loans_and_the_model_comes_back_as_built(monkeypatch):
+    packs: list[int] = []
+    real_pack = held_module.pack
+    monkeypatch.setattr(held_module, "pack", lambda p, d: packs.append(1) or real_pack(p, d))
+    keeper = ModelKeeper(build)
+    ref = {k: v.clone() for k, v in keeper.model.state_dict().items()}
+    lowered = {"0.weight": torch.bfloat16}
+    for _ in range(3):  # one trial after another storing the same weight lowered: packed once
+        with keeper.borrowed(lowered=lowered) as model:
+            assert model[0].weight.dtype == torch.bfloat16 and model[2].weight.dtype == torch.float32
+            with torch.autocast("cpu", torch.bfloat16):
+                model(torch.ones(1, 4))
+    assert len(packs) == 1 and keeper.rebuilds == 0
+    with keeper.borrowed() as model:  # a plain loan: the model as built
+        assert all(torch.equal(ref[k].view(torch.int32), v.view(torch.int32)) for k, v in model.state_dict().items())
+    assert keeper.rebuilds == 0
+
+
+def test_an_evaluate_that_changes_a_held_parameter_is_undone(monkeypatch):
+    keeper = ModelKeeper(build)
+    ref = {k: v.clone() for k, v in keeper.model.state_dict().items()}
+    with keeper.borrowed(lowered={"0.weight": torch.bfloat16}) as model:
+        with torch.no_grad():
+            model[0].weight.data.mul_(2.0)  # the packed bf16 values, behind the version counter's back
+    assert keeper.rebuilds == 1
+    with keeper.borrowed(lowered={"0.weight": torch.bfloat16}) as model:  # held again, from the rebuilt model
+        assert torch.equal(model[0].weight.data, ref["0.weight"].to(torch.bfloat16))
+    assert all(torch.equal(ref[k], v) for k, v in keeper.model.state_dict().items()) and keeper.rebuilds == 1

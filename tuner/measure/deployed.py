@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,10 +24,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from tuner.core.inputs import ModelInputs
-from tuner.core.sharding import is_dtensor, is_fsdp, local_tensor
+from tuner.core.sharding import is_fsdp, local_tensor
 from tuner.engine.attach import attach, detach
 from tuner.engine.tracker import ModuleTracker
-from tuner.measure.packed import pack
+from tuner.measure.held import HeldLowered
 from tuner.policy.opnames import is_communication
 from tuner.policy.plan import Plan
 
@@ -209,31 +209,15 @@ def stored_as(model: nn.Module, dtypes: Mapping[str, torch.dtype]) -> Iterator[n
     """`model` with the named parameters held in the given dtypes (as `tuner.load` builds it from the
     checkpoint), their FP32 tensors put back when the block ends.
 
-    A bf16 parameter is packed into its own storage where it can be (`tuner.measure.packed`: no second
-    copy, the FP32 bits rebuilt exactly afterwards); any other is held lowered in a new tensor, its FP32
-    tensor kept aside. A sharded model's parameters (DTensors) stay FP32: FSDP2 gathers from its own copy of
-    the shards, and a bf16 value widened to FP32 and cast back is the same bf16, so the trials compute what the
-    checkpoint (lowered, loaded into FP32 shards) computes."""
-    kept: dict[str, Tensor] = {}
-    undo: list[Callable[[], None]] = []
+    How they are held: `tuner.measure.held`. A sharded model's parameters (DTensors) stay FP32: FSDP2
+    gathers from its own copy of the shards, and a bf16 value widened to FP32 and cast back is the same bf16,
+    so the trials compute what the checkpoint (lowered, loaded into FP32 shards) computes."""
+    held = HeldLowered()
     try:
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name in dtypes and p.dtype != dtypes[name] and not is_dtensor(p):
-                    packed = pack(p, dtypes[name])
-                    if packed is not None:
-                        undo.append(packed)
-                        continue
-                    kept[name] = p.data
-                    p.data = p.data.to(dtypes[name])
+        held.match(model, dtypes)
         yield model
     finally:
-        with torch.no_grad():
-            for restore in reversed(undo):
-                restore()
-        for name, p in model.named_parameters():
-            if name in kept:
-                p.data = kept.pop(name)
+        held.release()
 
 
 def verify(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, lowered: Mapping[str, torch.dtype],

@@ -3,7 +3,7 @@
 An `Evaluator` reads a trial from the journal when an earlier run made it, else checks the bounds (evaluations,
 time from the start of the command), builds the trial's model as `tuner.load` builds it from the trial's plan
 (the plan attached as `tuner.load` attaches it, and the parameters the checkpoint would store lowered held
-lowered: `tuner.measure.deployed`), so the plan the search approves is the model that is deployed, runs
+lowered by the keeper: `tuner.measure.held`), so the plan the search approves is the model that is deployed, runs
 `evaluate` on the model the keeper lends, writes the journal, counts, and reports the trial. An `evaluate`
 that returns without calling the model (`model(...)`: a cached traced graph, another method) measures nothing
 mpt changes and is refused (UserCodeError); torch's global state is put back after each one
@@ -29,7 +29,7 @@ from tuner.core.inputs import ModelInputs
 from tuner.core.loader import call_forward, user_site
 from tuner.core.memory import find_out_of_memory, free_memory, out_of_memory
 from tuner.engine.attach import attach, detach
-from tuner.measure.deployed import NotAsClaimed, stored_as, weight_dtypes
+from tuner.measure.deployed import NotAsClaimed, weight_dtypes
 from tuner.measure.inspection import relative_error
 from tuner.measure.lowering import ParameterUses, parameter_uses, predicted_lowered
 from tuner.measure.shares import Shares
@@ -184,12 +184,12 @@ class Evaluator:
         baseline = plan is None
         metric: float | None = None
         error: str | None = None
-        with self.keeper.borrowed("evaluate") as model:
+        lowered = None if plan is None else self.lowered(plan)
+        with self.keeper.borrowed("evaluate", lowered=lowered) as model:
             t0 = time.monotonic()
             count = _ForwardCount(model)
             try:
                 with self._deployed(model, plan):
-                    count.calls = 0  # building the deployed model ran a forward of mpt's own: not evaluate's
                     metric = _to_float(self._evaluate(model))
             except Exception as exc:
                 if find_out_of_memory(exc) is not None:
@@ -214,28 +214,28 @@ class Evaluator:
 
     @contextlib.contextmanager
     def _deployed(self, model: nn.Module, plan: Plan | None) -> Iterator[nn.Module]:
-        """`model` as `tuner.load` builds it from `plan` (None: the FP32 model as built), until the block ends."""
+        """`model` (lent with `plan`'s lowered parameters held lowered) as `tuner.load` builds it from `plan`
+        (None: the FP32 model as built), until the block ends."""
         if plan is None:
             yield model
             return
-        lowered = self.lowered(model, plan)
-        with stored_as(model, lowered):
-            attach(model, plan)  # the path tuner.load runs: what the search approves, deploys
-            try:
-                yield model
-            finally:
-                detach(model)
+        attach(model, plan)  # the path tuner.load runs: what the search approves, deploys
+        try:
+            yield model
+        finally:
+            detach(model)
 
     def output_error(self, plan: Plan, ref_out: Any) -> float | None:
-        """The relative error of `plan`'s output on the example inputs against `ref_out` (FP32's), with `plan`
-        attached as a trial attaches it: one forward, no evaluate, not counted as an evaluation (the search's
-        guide, tuner.search.guide). The weights are not stored lowered as in a trial (packing a large model
-        costs more than its forward): the ops cast them as they run, to the same values, so only a parameter
-        a trial stores lowered and an FP32 op also reads can differ, by its rounding. A guide, not a trial.
-        inf when the output is not finite; None without example inputs or when the outputs do not pair up."""
+        """The relative error of `plan`'s output on the example inputs against `ref_out` (FP32's), with the
+        model as a trial runs it: one forward, no evaluate, not counted as an evaluation (the search's guide,
+        tuner.search.guide). The parameters the plan's checkpoint stores lowered are held lowered where they
+        are predicted without a forward (`lowered`); else they stay FP32 and the ops cast them as they run, to
+        the same values, so only a parameter a trial stores lowered and an FP32 op also reads can differ, by
+        its rounding. A guide, not a trial. inf when the output is not finite; None without example inputs or
+        when the outputs do not pair up."""
         if self.inputs is None:
             return None
-        with self.keeper.borrowed() as model, torch.no_grad():
+        with self.keeper.borrowed(lowered=self._predicted(plan)) as model, torch.no_grad():
             attach(model, plan)
             try:
                 error = relative_error(call_forward(model, self.inputs), ref_out)
@@ -243,16 +243,24 @@ class Evaluator:
                 detach(model)
         return None if error is None else (error if math.isfinite(error) else math.inf)
 
-    def lowered(self, model: nn.Module, plan: Plan) -> dict[str, torch.dtype]:
+    def lowered(self, plan: Plan) -> dict[str, torch.dtype]:
         """The parameters `plan`'s checkpoint stores lowered: predicted from one observation where the regions
         allow (`tuner.measure.lowering`), else observed with a forward on the example inputs."""
         if self.inputs is None:
             return {}
         if self._uses is _UNOBSERVED:
-            self._uses = parameter_uses(model, plan, self.inputs)
+            with self.keeper.borrowed() as model:
+                self._uses = parameter_uses(model, plan, self.inputs)
+        predicted = self._predicted(plan)
+        if predicted is not None:
+            return predicted
+        with self.keeper.borrowed() as model:
+            return weight_dtypes(model, plan, self.inputs)
+
+    def _predicted(self, plan: Plan) -> dict[str, torch.dtype] | None:
+        """`lowered` where it needs no forward; None where it would (or nothing was observed yet)."""
         uses = self._uses
-        predicted = predicted_lowered(model, uses, plan) if isinstance(uses, ParameterUses) else None
-        return weight_dtypes(model, plan, self.inputs) if predicted is None else predicted
+        return predicted_lowered(self.keeper.modules, uses, plan) if isinstance(uses, ParameterUses) else None
 
     def confirm_lowered(self, model: nn.Module, plan: Plan) -> dict[str, torch.dtype] | None:
         """NotAsClaimed unless a forward of `plan` lowers the parameters the trials were told it lowers (the

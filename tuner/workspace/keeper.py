@@ -7,6 +7,12 @@ of every weight byte) and, only when something changed, drops it and calls `buil
 cost is one pass over the weights per borrowing (tens of GB/s on a CPU) and, for an `evaluate`
 that trains, folds or rebinds the model, one `build()` per evaluation.
 
+A loan may ask for some parameters held lowered (`lowered`: a trial's model as its checkpoint stores it,
+`tuner.measure.held`). They stay held after the loan, and the next loan changes only the parameters whose
+dtype differs, so consecutive trials do not pay for lowering the same weights again. The comparison after
+such a loan is against the state captured once they were held; everything else (`model`, a plain loan) puts
+every FP32 tensor back first.
+
 The keeper also owns torch's global state for the run (`tuner.core.torch_state`): the state at its
 creation is put back after every build and every borrowing, and a built model that is not FP32 is
 refused (it would be taken as the FP32 baseline).
@@ -15,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -24,29 +30,55 @@ from tuner.core.errors import UserCodeError
 from tuner.core.fingerprint import ModelState, weights_digest
 from tuner.core.loader import user_site
 from tuner.core.torch_state import StateGuard, TorchState, check_fp32_model
+from tuner.measure.held import HeldLowered
 
 
 class ModelKeeper:
-    """Owns the working model; `model` is always the as-built FP32 model between evaluations."""
+    """Owns the working model; `model` is the as-built FP32 model (lowered parameters put back first)."""
 
     def __init__(self, build: Callable[[], nn.Module], device: str | torch.device = "cpu", *,
                  start: TorchState | None = None) -> None:
         self._build = build
         self.device = torch.device(device)
         self.guard = StateGuard(start)  # torch's global state as the run started (default: now)
-        self.model: nn.Module = self._fresh()
-        self._as_built = ModelState.capture(self.model)
+        self._model: nn.Module | None = self._fresh()
+        self._as_built = ModelState.capture(self._model)
+        self._expected = self._as_built  # the state between loans: as built, or with `_held` held lowered
+        self._held = HeldLowered()
         self._digest: str | None = None
         self.rebuilds = 0
+
+    @property
+    def model(self) -> nn.Module:
+        """The model as built: any parameters held lowered are put back first (None after the last loan)."""
+        self._hold({})
+        return self._model  # type: ignore[return-value]
+
+    @property
+    def modules(self) -> nn.Module:
+        """The model, for its module tree alone (paths, classes): its parameters may be held lowered now."""
+        return self._lent()
+
+    def _lent(self) -> nn.Module:
+        if self._model is None:
+            raise RuntimeError("the keeper gave its model away with its last loan")
+        return self._model
+
+    def _hold(self, lowered: Mapping[str, torch.dtype]) -> None:
+        """Hold exactly `lowered` lowered; capture the state to expect after a loan when that changed."""
+        if self._model is not None and self._held.match(self._model, lowered):
+            self._expected = ModelState.capture(self._model) if self._held.dtypes else self._as_built
 
     @property
     def weights_digest(self) -> str:
         """sha256 of the as-built weights (journal and plan fingerprints, rank agreement): computed once, on
         first use; every later look only compares the much cheaper checksum of `ModelState`."""
         if self._digest is None:
+            model = self.model
             if self.changed():
                 self.restore()
-            self._digest = weights_digest(self.model)
+                model = self.model
+            self._digest = weights_digest(model)
         return self._digest
 
     def _fresh(self) -> nn.Module:
@@ -58,10 +90,12 @@ class ModelKeeper:
         return model.to(self.device).eval()
 
     def changed(self) -> bool:
-        return ModelState.capture(self.model) != self._as_built
+        """True when the model is not as the keeper left it (as built, or with its held parameters)."""
+        return ModelState.capture(self._lent()) != self._expected
 
     @contextlib.contextmanager
-    def borrowed(self, who: str = "the model's forward", *, last: bool = False) -> Iterator[nn.Module]:
+    def borrowed(self, who: str = "the model's forward", *, last: bool = False,
+                 lowered: Mapping[str, torch.dtype] | None = None) -> Iterator[nn.Module]:
         """The model for a block of user code (an evaluate, a recorded forward); restored when the block ends.
 
         Restored however the block ends, an interrupt included, so the model is as built between blocks and
@@ -70,15 +104,16 @@ class ModelKeeper:
         is put back too (`who` names the user code that ran, for the warning). `last`: the keeper's
         final loan (`mpt check`'s planned evaluation); the model is given away instead of restored, so a
         block that changes it (loads a checkpoint) costs no rebuild, and the keeper lends nothing after.
+        `lowered`: parameters to hold in a lower dtype during the loan and after it (see the module docstring).
         """
-        if self.model is None:
-            raise RuntimeError("the keeper gave its model away with its last loan")
+        model = self._lent()
+        self._hold({} if last else lowered or {})
         try:
-            yield self.model
+            yield model
         finally:
             self.guard.restore(who)
             if last:
-                self.model = None  # type: ignore[assignment]
+                self._model = None
             else:
                 self.restore()
 
@@ -86,7 +121,8 @@ class ModelKeeper:
         """Rebuild the model if user code changed it; True when it did."""
         if not self.changed():
             return False
-        self.model = None  # type: ignore[assignment]  # free the changed model before building a new one
+        self._held.forget()  # what it held belongs to the changed model
+        self._model = None  # free the changed model before building a new one
         gc.collect()
         model = self._fresh()
         state = ModelState.capture(model)
@@ -94,6 +130,6 @@ class ModelKeeper:
             raise UserCodeError("evaluate changed the model, and building it again gave other weights: "
                                 "build_model() must return the same weights on every call (seed its random "
                                 "initialisation or load saved weights) so every trial starts from the same model")
-        self.model, self._as_built = model, state
+        self._model, self._as_built, self._expected = model, state, state
         self.rebuilds += 1
         return True

@@ -1,0 +1,46 @@
+"""HeldLowered: from one plan's lowered parameters to the next, only those whose dtype differs change, and
+every FP32 bit comes back."""
+import torch
+from torch import nn
+
+import tuner.measure.held as held_module
+from tuner.core.fingerprint import ModelState
+from tuner.measure.held import HeldLowered
+
+BF16, FP16 = torch.bfloat16, torch.float16
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 4))
+
+
+def test_the_next_plan_changes_only_the_parameters_whose_dtype_differs(monkeypatch):
+    m = model()
+    before = ModelState.capture(m)
+    ref = {n: p.data.clone() for n, p in m.named_parameters()}
+    packed: list[tuple[int, ...]] = []
+    real_pack = held_module.pack
+    monkeypatch.setattr(held_module, "pack", lambda p, d: packed.append(tuple(p.shape)) or real_pack(p, d))
+    held = HeldLowered()
+    assert held.match(m, {"0.weight": BF16, "1.weight": BF16})
+    assert len(packed) == 2 and m[0].weight.dtype == BF16 and m[1].weight.dtype == BF16
+    assert not held.match(m, {"0.weight": BF16, "1.weight": BF16})  # the same plan again: nothing to do
+    assert len(packed) == 2
+    assert held.match(m, {"1.weight": BF16, "2.weight": FP16})  # 0 goes back, 1 stays, 2 is held aside
+    assert len(packed) == 3 and m[0].weight.dtype == torch.float32 and m[1].weight.dtype == BF16
+    assert m[2].weight.dtype == FP16 and torch.equal(m[2].weight.data, ref["2.weight"].to(FP16))
+    assert torch.equal(m[0].weight.data.view(torch.int32), ref["0.weight"].view(torch.int32))
+    assert held.dtypes == {"1.weight": BF16, "2.weight": FP16}
+    assert held.release() and not held.release()
+    assert ModelState.capture(m) == before  # same objects, addresses, versions and bytes
+
+
+def test_a_parameter_already_in_its_dtype_and_a_forgotten_record_are_left_alone():
+    m = model()
+    m[2].weight.data = m[2].weight.data.to(BF16)
+    held = HeldLowered()
+    assert not held.match(m, {"2.weight": BF16})
+    assert held.match(m, {"0.weight": BF16})
+    held.forget()  # the model it was made for is gone: nothing is put back
+    assert held.dtypes == {} and not held.release() and m[0].weight.dtype == BF16

@@ -40,3 +40,14 @@ def test_checksum_and_digest_agree_that_a_one_ulp_scale_is_a_change():
     a, b = model(), model()
     b[2].weight.data.mul_(1.0 + 2 ** -20)
     assert (weights_checksum(a) == weights_checksum(b)) == (weights_digest(a) == weights_digest(b)) is False
+
+
+def test_a_capture_since_an_earlier_one_reads_only_the_changed_tensors_again():
+    m = model()
+    before = ModelState.capture(m)
+    first = next(m.parameters())
+    with torch.no_grad():
+        first.data.add_(1.0)
+    assert ModelState.capture(m, since=before, changed=[first]) == ModelState.capture(m) != before
+    # a tensor the caller does not name is taken as unchanged: the caller's promise, not a look
+    assert ModelState.capture(m, since=before).weights == before.weights

@@ -15,6 +15,10 @@ def model() -> nn.Module:
     return nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 4))
 
 
+def ids(params: list[nn.Parameter]) -> list[int]:
+    return [id(p) for p in params]
+
+
 def test_the_next_plan_changes_only_the_parameters_whose_dtype_differs(monkeypatch):
     m = model()
     before = ModelState.capture(m)
@@ -23,11 +27,12 @@ def test_the_next_plan_changes_only_the_parameters_whose_dtype_differs(monkeypat
     real_pack = held_module.pack
     monkeypatch.setattr(held_module, "pack", lambda p, d: packed.append(tuple(p.shape)) or real_pack(p, d))
     held = HeldLowered()
-    assert held.match(m, {"0.weight": BF16, "1.weight": BF16})
+    assert ids(held.match(m, {"0.weight": BF16, "1.weight": BF16})) == ids([m[0].weight, m[1].weight])
     assert len(packed) == 2 and m[0].weight.dtype == BF16 and m[1].weight.dtype == BF16
     assert not held.match(m, {"0.weight": BF16, "1.weight": BF16})  # the same plan again: nothing to do
     assert len(packed) == 2
-    assert held.match(m, {"1.weight": BF16, "2.weight": FP16})  # 0 goes back, 1 stays, 2 is held aside
+    # 0 goes back, 1 stays, 2 is held aside (fp16 cannot be packed)
+    assert ids(held.match(m, {"1.weight": BF16, "2.weight": FP16})) == ids([m[0].weight, m[2].weight])
     assert len(packed) == 3 and m[0].weight.dtype == torch.float32 and m[1].weight.dtype == BF16
     assert m[2].weight.dtype == FP16 and torch.equal(m[2].weight.data, ref["2.weight"].to(FP16))
     assert torch.equal(m[0].weight.data.view(torch.int32), ref["0.weight"].view(torch.int32))

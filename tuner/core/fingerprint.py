@@ -20,7 +20,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,10 +151,31 @@ def _tensor_checksum(t: torch.Tensor) -> int:
 def weights_checksum(model: nn.Module) -> str:
     """A fast checksum of the model's state dict (names, dtypes, shapes, every byte); see the module docstring."""
     h = hashlib.sha256()
-    for name, t in model.state_dict(keep_vars=True).items():
-        if isinstance(t, torch.Tensor):
-            h.update(f"{name} {t.dtype} {tuple(t.shape)} {_tensor_checksum(t)}\n".encode())
+    for name, dtype, shape, checksum in tensor_checksums(model):
+        h.update(f"{name} {dtype} {shape} {checksum}\n".encode())
     return h.hexdigest()
+
+
+Checksums = tuple[tuple[str, torch.dtype, tuple[int, ...], int], ...]
+
+
+def tensor_checksums(model: nn.Module, *, since: Checksums | None = None,
+                     changed: Collection[torch.Tensor] = ()) -> Checksums:
+    """(name, dtype, shape, checksum) of every tensor of the state dict. With `since` (this model's checksums
+    at an earlier look), only the tensors in `changed` (by identity) and the entries that do not line up are
+    read again: the caller knows that nothing else was touched in between."""
+    ids = {id(t) for t in changed}
+    old = {} if since is None else {entry[0]: entry for entry in since}
+    out = []
+    for name, t in model.state_dict(keep_vars=True).items():
+        if not isinstance(t, torch.Tensor):
+            continue
+        before = old.get(name)
+        if before is not None and id(t) not in ids and before[1:3] == (t.dtype, tuple(t.shape)):
+            out.append(before)
+        else:
+            out.append((name, t.dtype, tuple(t.shape), _tensor_checksum(t)))
+    return tuple(out)
 
 
 def _object_graph(model: nn.Module) -> tuple:
@@ -176,8 +197,12 @@ class ModelState:
     """The model as it is now: compare two with == to learn whether anything changed."""
 
     graph: tuple
-    weights: str  # weights_checksum
+    weights: Checksums
 
     @classmethod
-    def capture(cls, model: nn.Module) -> ModelState:
-        return cls(_object_graph(model), weights_checksum(model))
+    def capture(cls, model: nn.Module, *, since: ModelState | None = None,
+                changed: Collection[torch.Tensor] = ()) -> ModelState:
+        """`since`: the model's state at an earlier look, where only `changed` tensors were written after it
+        (mpt's own lowering, `tuner.measure.held`): their bytes alone are read again."""
+        return cls(_object_graph(model), tensor_checksums(model, since=None if since is None else since.weights,
+                                                              changed=changed))

@@ -43,23 +43,24 @@ class HeldLowered:
     def dtypes(self) -> dict[str, torch.dtype]:
         return {name: dtype for name, (dtype, _) in self._held.items()}
 
-    def match(self, model: nn.Module, dtypes: Mapping[str, torch.dtype]) -> bool:
+    def match(self, model: nn.Module, dtypes: Mapping[str, torch.dtype]) -> list[nn.Parameter]:
         """Hold exactly the parameters of `dtypes` lowered (as far as they can be: a DTensor or a parameter
-        already in its dtype is left as it is); True when anything changed."""
-        changed = False
+        already in its dtype is left as it is); returns the parameters changed (none: nothing to do)."""
+        changed: list[nn.Parameter] = []
+        params = dict(model.named_parameters())
         with torch.no_grad():
             for name in reversed(list(self._held)):  # put back first: its bytes may be packed again below
                 dtype, undo = self._held[name]
                 if dtypes.get(name) != dtype:
                     undo()
                     del self._held[name]
-                    changed = True
-            for name, p in model.named_parameters():
+                    changed.append(params[name])
+            for name, p in params.items():
                 want = dtypes.get(name)
                 if want is None or name in self._held or p.dtype == want or is_dtensor(p):
                     continue
                 self._held[name] = (want, pack(p, want) or _aside(p, want))
-                changed = True
+                changed.append(p)
         return changed
 
     def release(self) -> bool:

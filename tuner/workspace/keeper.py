@@ -65,9 +65,12 @@ class ModelKeeper:
         return self._model
 
     def _hold(self, lowered: Mapping[str, torch.dtype]) -> None:
-        """Hold exactly `lowered` lowered; capture the state to expect after a loan when that changed."""
-        if self._model is not None and self._held.match(self._model, lowered):
-            self._expected = ModelState.capture(self._model) if self._held.dtypes else self._as_built
+        """Hold exactly `lowered` lowered; when that changed anything, the state to expect after a loan is
+        the last one with the changed parameters' bytes read again (nothing else was written since)."""
+        changed = [] if self._model is None else self._held.match(self._model, lowered)
+        if changed:
+            self._expected = (ModelState.capture(self._lent(), since=self._expected, changed=changed)
+                              if self._held.dtypes else self._as_built)
 
     @property
     def weights_digest(self) -> str:

@@ -8,12 +8,13 @@ import torch
 from torch import nn
 
 from tuner.core.errors import UserCodeError
+from tuner.core.inputs import ModelInputs
 from tuner.measure.shares import Shares
 from tuner.policy.plan import OpInstance, Plan
 from tuner.search.evaluator import Bounds, Evaluator, trial_key
 from tuner.search.noise import Acceptance
-from tuner.search.strategy import SearchStopped
 from tuner.search.results import EventKind, StopReason, Trial, TuneEvent
+from tuner.search.strategy import SearchStopped
 from tuner.workspace.journal import Journal, RunFingerprint
 from tuner.workspace.keeper import ModelKeeper
 
@@ -146,3 +147,46 @@ def test_an_event_carries_the_payload_its_kind_says():
     with pytest.raises(TypeError, match="trial event carries a Trial"):
         TuneEvent(EventKind.TRIAL, None)
     TuneEvent(EventKind.TRIAL, Trial(1, "x", (), 1.0, True, 0.0, Shares()))
+
+
+def test_the_first_look_is_the_all_low_forward_the_guide_and_the_lowered_prediction_need():
+    calls: list[int] = []
+
+    class Counted(nn.Sequential):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            calls.append(1)
+            return super().forward(x)
+
+    torch.manual_seed(0)
+    keeper = ModelKeeper(lambda: Counted(nn.Linear(4, 4)))
+    ev = Evaluator(Counting(), keeper, Bounds(time.monotonic()))
+    inputs, low = ModelInputs.of((torch.randn(3, 4),)), Plan(dtype="bf16", preset="torch-cpu")
+    with torch.no_grad():
+        ref = keeper.model(inputs.args[0])
+    calls.clear()
+    assert ev.first_look(low, inputs) and len(calls) == 1
+    first = ev.output_error(low, ref)  # the look's own output: no forward of its own
+    assert len(calls) == 1 and ev.forward_s > 0
+    assert ev.lowered(low) == {"0.weight": torch.bfloat16, "0.bias": torch.bfloat16}  # from the look's uses
+    assert len(calls) == 1
+    again = ev.output_error(low, ref)  # kept for one use only: the second runs
+    assert len(calls) == 2 and first == pytest.approx(again, rel=1e-6) and first > 0
+    assert keeper.rebuilds == 0
+
+
+def test_a_plan_that_fails_to_run_leaves_the_first_look_empty_handed():
+    class NoLowInput(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.lin(x)
+            if y.dtype != torch.float32:
+                raise RuntimeError("no kernel for this dtype")  # a kernel this machine lacks, say
+            return y
+
+    keeper = ModelKeeper(lambda: NoLowInput())
+    ev = Evaluator(Counting(), keeper, Bounds(time.monotonic()))
+    assert not ev.first_look(Plan(dtype="bf16", preset="torch-cpu"), ModelInputs.of((torch.randn(2, 4),)))
+    assert ev.inputs is None and keeper.rebuilds == 0

@@ -25,7 +25,7 @@ from torch import nn
 from tuner.core.inputs import ModelInputs
 from tuner.engine import native
 from tuner.engine.attach import native_device, resolve
-from tuner.measure.deployed import observe
+from tuner.measure.deployed import Observation, observe
 from tuner.policy.plan import Plan
 
 
@@ -43,9 +43,20 @@ def parameter_uses(model: nn.Module, plan: Plan, inputs: ModelInputs) -> Paramet
     """One observation of `plan` without its FP32 op instances; None when its regions would not predict
     (see above)."""
     bare = dataclasses.replace(plan, fp32_instances=())
-    if _execution(model, bare) is None:
+    if not predictable(model, bare):
         return None
-    seen = observe(model, bare, inputs)
+    return uses_of(observe(model, bare, inputs), bare)
+
+
+def predictable(model: nn.Module, plan: Plan) -> bool:
+    """Whether an observation of `plan` can predict other plans' lowered parameters (the native path)."""
+    return _execution(model, plan) is not None
+
+
+def uses_of(seen: Observation, plan: Plan) -> ParameterUses | None:
+    """The ParameterUses of an observation of `plan` (no FP32 op instances); None when a shared module ran
+    in another module's region."""
+    assert not plan.fp32_instances
     return None if seen.foreign else ParameterUses(seen.uses, tuple(plan.modules))
 
 

@@ -25,13 +25,13 @@ import torch
 from torch import nn
 
 from tuner.core.errors import OutOfMemory, UserCodeError
-from tuner.core.inputs import ModelInputs
+from tuner.core.inputs import ModelInputs, detached_copy
 from tuner.core.loader import call_forward, user_site
 from tuner.core.memory import find_out_of_memory, free_memory, out_of_memory
 from tuner.engine.attach import attach, detach
-from tuner.measure.deployed import NotAsClaimed, weight_dtypes
+from tuner.measure.deployed import NotAsClaimed, observe, weight_dtypes
 from tuner.measure.inspection import relative_error
-from tuner.measure.lowering import ParameterUses, parameter_uses, predicted_lowered
+from tuner.measure.lowering import ParameterUses, parameter_uses, predictable, predicted_lowered, uses_of
 from tuner.measure.shares import Shares
 from tuner.policy.plan import Plan
 from tuner.search.distributed import Ranks, SharedJournal
@@ -121,6 +121,8 @@ class Evaluator:
         # the example inputs: they tell which parameters a trial's checkpoint stores lowered (None: none known)
         self.inputs: ModelInputs | None = None
         self._uses: ParameterUses | None | object = _UNOBSERVED  # for `lowered`'s prediction
+        self._looked: tuple[Plan, Any, float] | None = None  # first_look's plan, output and seconds
+        self.forward_s = 0.0  # the seconds of output_error's last forward
 
     def baseline(self) -> Trial:
         """One more run of the FP32 model as built. Not bounded; an evaluate that raises or gives no finite
@@ -225,6 +227,28 @@ class Evaluator:
         finally:
             detach(model)
 
+    def first_look(self, plan: Plan, inputs: ModelInputs) -> bool:
+        """One observed forward (`tuner.measure.deployed.observe`) of `plan`, every eligible op low (no FP32
+        instances), that serves three ends at the cost of one: it shows the plan runs under torch.autocast
+        here (no module must stay FP32), it records the parameter uses `lowered` predicts from, and its output
+        is `output_error`'s for this plan (the all-low guide point). False, with nothing kept, when the forward
+        raises (the caller probes module by module, which names the culprit), when the plan has no native
+        path (nothing to probe or predict), or under torchrun (a rank must not take another path alone)."""
+        if self.ranks.distributed:
+            return False
+        with self.keeper.borrowed() as model:
+            if not predictable(model, plan):
+                return False
+            t0 = time.monotonic()
+            try:
+                seen = observe(model, plan, inputs)
+            except Exception:  # noqa: BLE001 - the probe that follows runs it again and classifies the error
+                return False
+            self._looked = (plan, detached_copy(seen.output), time.monotonic() - t0)
+        self.inputs = inputs
+        self._uses = uses_of(seen, plan)
+        return True
+
     def output_error(self, plan: Plan, ref_out: Any) -> float | None:
         """The relative error of `plan`'s output on the example inputs against `ref_out` (FP32's), with the
         model as a trial runs it: one forward, no evaluate, not counted as an evaluation (the search's guide,
@@ -235,12 +259,18 @@ class Evaluator:
         when the outputs do not pair up."""
         if self.inputs is None:
             return None
+        looked, self._looked = self._looked, None
+        if looked is not None and looked[0] == plan:  # first_look ran this very forward
+            error, self.forward_s = relative_error(looked[1], ref_out), looked[2]
+            return None if error is None else (error if math.isfinite(error) else math.inf)
+        t0 = time.monotonic()
         with self.keeper.borrowed(lowered=self._predicted(plan)) as model, torch.no_grad():
             attach(model, plan)
             try:
                 error = relative_error(call_forward(model, self.inputs), ref_out)
             finally:
                 detach(model)
+        self.forward_s = time.monotonic() - t0
         return None if error is None else (error if math.isfinite(error) else math.inf)
 
     def lowered(self, plan: Plan) -> dict[str, torch.dtype]:

@@ -189,9 +189,12 @@ class TuneSession:
         return found.to(self.keeper.device)
 
     def find_candidates(self, inputs: ModelInputs) -> Candidates:
-        """The op instances to decide about (tuner.search.candidates), after the modules that must stay FP32."""
-        with self.keeper.borrowed() as model:
-            fp32_modules = autocast_failures(model, inputs, plan_for(self.options, {}, ()))
+        """The op instances to decide about (tuner.search.candidates), after the modules that must stay FP32
+        (none when the evaluator's first look ran the all-low plan: else a probe finds them)."""
+        fp32_modules: dict[str, str] = {}
+        if not self.evaluator.first_look(plan_for(self.options, {}, ()), inputs):  # else it ran as it is
+            with self.keeper.borrowed() as model:
+                fp32_modules = autocast_failures(model, inputs, plan_for(self.options, {}, ()))
         for path, why in fp32_modules.items():
             self.notes.append(f"module {path or '(root)'} stays FP32: torch.autocast cannot run it in "
                               f"{self.options.dtype} on this machine ({why})")
@@ -208,9 +211,8 @@ class TuneSession:
         where the trial is always evaluated (a forward would have to run on every rank together)."""
         if not found.instances or self.ranks.distributed:
             return trials.probe(frozenset(), {}), None
-        t0 = time.monotonic()
         error = self.evaluator.output_error(plan_for(self.options, found.fp32_modules, ()), found.ref_out)
-        low = (error, time.monotonic() - t0)
+        low = (error, self.evaluator.forward_s)
         if error == math.inf:
             self.notes.append(f"with everything eligible in {self.options.dtype} the output overflows on the "
                               "example inputs (inf or NaN); that plan was not evaluated")

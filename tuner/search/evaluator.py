@@ -83,6 +83,10 @@ def _describe(exc: Exception) -> str:
     return f"evaluate raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
+def _inf_if_not_finite(error: float | None) -> float | None:
+    return None if error is None else (error if math.isfinite(error) else math.inf)
+
+
 @dataclass(frozen=True)
 class Bounds:
     """When a search must stop: `max_evals` evaluations, or `time_budget` seconds from `started`
@@ -261,8 +265,8 @@ class Evaluator:
             return None
         looked, self._looked = self._looked, None
         if looked is not None and looked[0] == plan:  # first_look ran this very forward
-            error, self.forward_s = relative_error(looked[1], ref_out), looked[2]
-            return None if error is None else (error if math.isfinite(error) else math.inf)
+            self.forward_s = looked[2]
+            return _inf_if_not_finite(relative_error(looked[1], ref_out))
         t0 = time.monotonic()
         with self.keeper.borrowed(lowered=self._predicted(plan)) as model, torch.no_grad():
             attach(model, plan)
@@ -271,7 +275,7 @@ class Evaluator:
             finally:
                 detach(model)
         self.forward_s = time.monotonic() - t0
-        return None if error is None else (error if math.isfinite(error) else math.inf)
+        return _inf_if_not_finite(error)
 
     def lowered(self, plan: Plan) -> dict[str, torch.dtype]:
         """The parameters `plan`'s checkpoint stores lowered: predicted from one observation where the regions

@@ -190,3 +190,21 @@ def test_a_plan_that_fails_to_run_leaves_the_first_look_empty_handed():
     ev = Evaluator(Counting(), keeper, Bounds(time.monotonic()))
     assert not ev.first_look(Plan(dtype="bf16", preset="torch-cpu"), ModelInputs.of((torch.randn(2, 4),)))
     assert ev.inputs is None and keeper.rebuilds == 0
+
+
+def test_the_elements_evaluate_feeds_the_model_are_counted_journaled_and_resumed(tmp_path):
+    """What sizes the search's guide (tuner.search.guide.guide_limits) is a count a rerun gives again: the
+    tensor elements evaluate passes to the model's forward, positional and keyword, over all its calls."""
+    def evaluate(model: nn.Module) -> float:
+        with torch.no_grad():
+            for _ in range(3):
+                model(torch.ones(2, 4))  # 8 elements a call
+            model.forward(torch.ones(5, 4))  # not model(...): no hook sees it, so it is not counted
+        return 1.0
+
+    ev, _ = evaluator(evaluate, tmp_path)
+    assert ev.baseline().fed == 24
+    assert ev.trial(PLAN, "one in FP32", Shares(), ACCEPT).fed == 24
+    again, _ = evaluator(Counting(), tmp_path, resume=True)
+    resumed = again.baseline(), again.trial(PLAN, "one in FP32", Shares(), ACCEPT)
+    assert [t.from_journal for t in resumed] == [True, True] and [t.fed for t in resumed] == [24, 24]

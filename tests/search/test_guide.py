@@ -168,13 +168,13 @@ def test_the_guide_runs_fewer_forwards_where_a_forward_costs_a_share_of_an_evalu
         guide_limits,
     )
 
-    assert guide_limits(0.002, 0.01) == (MAX_PREFIXES, MAX_IMPROVE_UNITS)  # a tiny model: cheap in seconds
-    assert guide_limits(0.5, 60.0) == (MAX_PREFIXES, MAX_IMPROVE_UNITS)  # evaluate over 64 forwards
-    assert guide_limits(0.8, 28.0) == (FEW_PREFIXES, FEW_UNITS)  # a 1.1B LM: one forward is 3% of evaluate
-    assert guide_limits(6.0, 37.0) == (6, MIN_UNITS)  # bf16 without bf16 kernels: the prefixes cost ~1 evaluate
-    assert guide_limits(10.0, 12.0) == (MIN_PREFIXES, MIN_UNITS)  # a forward near an evaluate: the least
-    prefixes, _ = guide_limits(6.0, 37.0)
-    assert (prefixes - 1) * 6.0 <= 37.0  # the forwards past the all-low one (known) fit in an evaluation
+    assert guide_limits(5e6, 1.0) == (MAX_PREFIXES, MAX_IMPROVE_UNITS)  # a tiny model: cheap in FLOPs
+    assert guide_limits(3e11, 64.0) == (MAX_PREFIXES, MAX_IMPROVE_UNITS)  # evaluate runs 64 such forwards
+    assert guide_limits(3e11, 40.0) == (FEW_PREFIXES, FEW_UNITS)  # a 1.1B LM scored on 40 batches
+    assert guide_limits(3e11, 12.0) == (6, MIN_UNITS)  # on 12 batches: the prefixes cost ~half an evaluate
+    assert guide_limits(3e11, 2.0) == (MIN_PREFIXES, MIN_UNITS)  # an evaluate of two forwards: the least
+    prefixes, _ = guide_limits(3e11, 12.0)
+    assert (prefixes - 1) <= 12.0  # the forwards past the all-low one (known) fit in an evaluation
     calls = []
     guide = Guide(lambda fp32: calls.append(fp32) or 1.0, max_prefixes=FEW_PREFIXES)
     guide.prefix_errors(list(range(100)))

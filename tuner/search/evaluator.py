@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from tuner.core.errors import OutOfMemory, UserCodeError
-from tuner.core.inputs import ModelInputs, detached_copy
+from tuner.core.inputs import ModelInputs, detached_copy, tensor_leaves
 from tuner.core.loader import call_forward, user_site
 from tuner.core.memory import find_out_of_memory, free_memory, out_of_memory
 from tuner.engine.attach import attach, detach
@@ -62,15 +62,19 @@ NO_FORWARD = ("evaluate returned a metric without calling the model ({which}): m
 
 
 class _ForwardCount:
-    """Counts the calls of `model(...)` (and of deep copies of it) while it lives: a forward pre-hook."""
+    """Counts the calls of `model(...)` (and of deep copies of it) while it lives, and the tensor elements
+    they were given (`fed`: how much forward work an evaluate is, in a number a rerun gives again): a forward
+    pre-hook."""
 
     def __init__(self, model: nn.Module) -> None:
         self.calls = 0
+        self.fed = 0
 
-        def count(module: nn.Module, args: Any) -> None:  # a function: deepcopy shares it, copies count here too
+        def count(module: nn.Module, args: Any, kwargs: Any) -> None:  # a function: deepcopy shares it
             self.calls += 1
+            self.fed += sum(t.numel() for t in tensor_leaves((args, kwargs)))
 
-        self._handle = model.register_forward_pre_hook(count)
+        self._handle = model.register_forward_pre_hook(count, with_kwargs=True)
 
     def remove(self) -> None:
         self._handle.remove()
@@ -158,21 +162,24 @@ class Evaluator:
         if cached is not None:
             metric = None if cached.get("metric") is None else float(cached["metric"])
             passed = baseline or (accept is not None and accept.confirms(metric))
+            fed = cached.get("fed")
             return self._record(Trial(n, label, fp32, metric, passed, float(cached["seconds"]), shares,
-                                      cached.get("error"), True, baseline, kept))
+                                      cached.get("error"), True, baseline, kept,
+                                      fed if isinstance(fed, int) and fed > 0 else None))
         if not baseline:
             self.ranks.decide(self._check_bounds)  # rank 0's clock and count stop every rank at once
         self._emit(TuneEvent(EventKind.EVALUATING, Evaluating(n, label)))
-        metric, error, secs = self._call(plan)
+        metric, error, secs, fed = self._call(plan)
         passed = baseline or (accept is not None and accept.confirms(metric))
-        trial = Trial(n, label, fp32, metric, passed, secs, shares, error, False, baseline, kept)
+        trial = Trial(n, label, fp32, metric, passed, secs, shares, error, False, baseline, kept, fed or None)
         if self.journal:
             self.journal.append(key, {"metric": metric, "passed": passed, "seconds": secs, "error": error,
-                                      "fp32": list(fp32)})
+                                      "fp32": list(fp32), "fed": fed})
         return self._record(trial)
 
-    def _call(self, plan: Plan | None) -> tuple[float | None, str | None, float]:
-        """(metric, error, seconds) of one `evaluate` on the lent model, with `plan` attached (None: FP32).
+    def _call(self, plan: Plan | None) -> tuple[float | None, str | None, float, int]:
+        """(metric, error, seconds, tensor elements fed to the model's forward) of one `evaluate` on the lent
+        model, with `plan` attached (None: FP32).
 
         Out of memory is not a result: the evaluation is retried once (after freeing what can be freed), and
         a second time raises OutOfMemory, with nothing journaled, so `resume` runs it again. Under torchrun
@@ -186,7 +193,7 @@ class Evaluator:
             free_memory()
         return self._call_once(plan)
 
-    def _call_once(self, plan: Plan | None) -> tuple[float | None, str | None, float]:
+    def _call_once(self, plan: Plan | None) -> tuple[float | None, str | None, float, int]:
         baseline = plan is None
         metric: float | None = None
         error: str | None = None
@@ -216,7 +223,7 @@ class Evaluator:
         if metric is not None and count.calls == 0:
             raise UserCodeError(NO_FORWARD.format(which="the FP32 baseline" if baseline else "a trial"),
                                 where=user_site(self._evaluate))
-        return metric, error, secs
+        return metric, error, secs, count.fed
 
     @contextlib.contextmanager
     def _deployed(self, model: nn.Module, plan: Plan | None) -> Iterator[nn.Module]:

@@ -26,19 +26,21 @@ MAX_PREFIXES = 64  # prefixes observed one by one; more are sampled and interpol
 MAX_IMPROVE_UNITS = 16  # units weighed for lowering back per round (one forward each)
 FEW_PREFIXES, FEW_UNITS = 16, 4  # where a forward costs a noticeable share of an evaluation: at most these
 MIN_PREFIXES, MIN_UNITS = 4, 2  # and at least these, however slow a forward is
-GUIDE_EVALS = 1.0  # where forwards are dear, the prefixes observed cost about this many evaluations
-CHEAP_FORWARD_S = 0.05  # MAX_PREFIXES forwards of this cost take a few seconds: not worth limiting
+GUIDE_EVALS = 0.5  # where forwards are dear, the prefixes observed cost about this many evaluations
+CHEAP_FORWARD_FLOPS = 2e9  # a forward of under 2 GFLOP: MAX_PREFIXES of them take seconds, not worth limiting
 
 
-def guide_limits(forward_s: float, evaluate_s: float) -> tuple[int, int]:
-    """(prefixes, units per round): the full limits when a forward is cheap (in seconds, or under 1/64 of an
-    evaluate), so small models are guided the same way on any machine. Else as many prefixes as GUIDE_EVALS
-    evaluations' time buys (FEW_PREFIXES at most, MIN_PREFIXES at least) and a quarter as many units per
-    lowering round, so that on a large model, where one forward costs a share of an evaluation, the guide
-    stays a small share of the tune (issue 20: 13 forwards were 7% of a 1.1B tune on a CPU without bf16)."""
-    if forward_s <= CHEAP_FORWARD_S or evaluate_s >= MAX_PREFIXES * forward_s:
+def guide_limits(forward_flops: float, evaluate_forwards: float) -> tuple[int, int]:
+    """(prefixes, units per round) for a forward of `forward_flops` on the example inputs, one evaluate being
+    worth `evaluate_forwards` such forwards. The full limits when a forward is cheap (under
+    CHEAP_FORWARD_FLOPS, or under 1/64 of an evaluate), so small models are guided the same way on any machine.
+    Else as many prefixes as GUIDE_EVALS evaluations buy (FEW_PREFIXES at most, MIN_PREFIXES at least) and a
+    quarter as many units per lowering round, so that on a large model, where one forward costs a share of an
+    evaluation, the guide stays a small share of the tune (issue 20). Both inputs are counts, not seconds, so
+    a rerun of the same command takes the same path (TuneSession.guide: elements evaluate fed the model)."""
+    if forward_flops <= CHEAP_FORWARD_FLOPS or evaluate_forwards >= MAX_PREFIXES:
         return MAX_PREFIXES, MAX_IMPROVE_UNITS
-    prefixes = min(FEW_PREFIXES, max(MIN_PREFIXES, int(GUIDE_EVALS * evaluate_s / forward_s)))
+    prefixes = min(FEW_PREFIXES, max(MIN_PREFIXES, int(GUIDE_EVALS * evaluate_forwards)))
     return prefixes, min(FEW_UNITS, max(MIN_UNITS, prefixes // 4))
 
 

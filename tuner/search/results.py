@@ -53,7 +53,9 @@ class Trial:
     trials 1 and 2. `shares` is the trial's lower-precision share (tuner.measure.shares;
     zero for the baseline). `label` says what the trial changed from the trial before it
     (tuner.search.changes). `fp32` lists the instances it kept FP32; `kept` is how many of
-    them its plan records once the overrides that change nothing are dropped (None: not known).
+    them its plan records once the overrides that change nothing are dropped (None: not known). `fed`
+    counts the tensor elements evaluate passed to the model's forward (None: not known), which sizes the
+    search's guide the same way in every run (tuner.search.guide.guide_limits).
     """
 
     n: int
@@ -67,6 +69,7 @@ class Trial:
     from_journal: bool = False
     baseline: bool = False
     kept: int | None = None
+    fed: int | None = None
 
 
 @dataclass(frozen=True)

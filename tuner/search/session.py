@@ -286,9 +286,19 @@ class TuneSession:
             value = self.evaluator.output_error(plan_for(self.options, found.fp32_modules, fp32), found.ref_out)
             return math.inf if value is None else value
 
-        evaluate_s = statistics.fmean([t.seconds for t in self.evaluator.trials] or [forward_s])
-        prefixes, per_round = guide_limits(forward_s, evaluate_s)
+        prefixes, per_round = guide_limits(sum(found.flops.values()), self._evaluate_forwards(found, forward_s))
         return Guide(error, max_prefixes=prefixes, max_units=per_round, known={frozenset(): low_error})
+
+    def _evaluate_forwards(self, found: Candidates, forward_s: float) -> float:
+        """How many forwards of the example inputs one evaluate is worth: the tensor elements the evaluations
+        fed the model's forward over the example inputs' (counts, alike in every run of the same command);
+        seconds where those are not known (a journal written before mpt counted them)."""
+        fed = [t.fed for t in self.evaluator.trials if t.fed]
+        example = sum(t.numel() for t in tensor_leaves((found.inputs.args, found.inputs.kwargs)))
+        if fed and example:
+            return statistics.fmean(fed) / example
+        seconds = [t.seconds for t in self.evaluator.trials]
+        return statistics.fmean(seconds) / forward_s if seconds and forward_s > 0 else math.inf
 
     # --- the answer ------------------------------------------------------------------------------------------
     def final_fp32(self, found: Candidates | None, chosen: frozenset[OpInstance] | None,

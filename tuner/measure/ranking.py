@@ -60,6 +60,7 @@ import torch
 from torch import Tensor, nn
 
 from tuner.core.inputs import ModelInputs, detached_copy, float_leaves, tensor_leaves
+from tuner.core.sharding import Sharding
 from tuner.engine.function_mode import Decision, PrecisionEngine
 from tuner.measure.inspection import relative_error
 from tuner.policy.opnames import DROPOUT_OPS, NEUTRAL_OPS, is_communication, is_neutral
@@ -362,23 +363,23 @@ def default_budget(model: nn.Module) -> int:
 
 
 def _projections(finals: list[Tensor], anchors: list[Tensor], vs: list[list[Tensor]],
-                 batched: bool) -> list[Tensor | None]:
-    """Per anchor, its gradient along each probe vector in `vs` (one row of vectors per probe; a 1-d tensor of
-    one value per probe, None where no output depends on it). `batched`: all probes in one vmapped backward
-    pass (about 1.7x faster than one pass each on a 1.1B LM, its gradient buffers `len(vs)` times as large;
-    the caller asks for it where the δ budget holds that), falling back to a pass per probe where an op has no
-    batching rule."""
+                 batched: bool) -> list[list[Tensor] | None]:
+    """Per anchor, its gradient along each probe vector in `vs` (one row of vectors per probe; one scalar
+    per probe, None where no output depends on it). `batched`: all probes in one vmapped backward pass
+    (about 1.7x faster than one pass each on a 1.1B LM, its gradient buffers `len(vs)` times as large; the
+    caller asks for it where the δ budget holds that and the parameters are not DTensors), falling back to a
+    pass per probe where an op has no batching rule."""
     if batched:
         try:
             stacked = [torch.stack([row[j] for row in vs]) for j in range(len(finals))]
-            return list(torch.autograd.grad(finals, anchors, grad_outputs=stacked, retain_graph=True,
-                                            allow_unused=True, is_grads_batched=True))
+            grads = torch.autograd.grad(finals, anchors, grad_outputs=stacked, retain_graph=True,
+                                        allow_unused=True, is_grads_batched=True)
+            return [None if g is None else list(g.unbind(0)) for g in grads]
         except (RuntimeError, NotImplementedError):
             pass
     per_probe = [torch.autograd.grad(finals, anchors, grad_outputs=row, retain_graph=True, allow_unused=True)
                  for row in vs]
-    return [None if per_probe[0][i] is None else torch.stack([g[i] for g in per_probe]).reshape(-1)
-            for i in range(len(anchors))]
+    return [None if per_probe[0][i] is None else [g[i] for g in per_probe] for i in range(len(anchors))]
 
 
 def rank_gradient(model: nn.Module, inputs: ModelInputs | tuple, policy: Policy, dtype: torch.dtype,
@@ -399,6 +400,7 @@ def rank_gradient(model: nn.Module, inputs: ModelInputs | tuple, policy: Policy,
     bad: set[OpInstance] = set()
     requires = {p: p.requires_grad for p in model.parameters()}
     state = {"done": 0, "total": probes}
+    sharded = Sharding.of(model).sharded
 
     def one_pass(group: set[OpInstance] | None) -> _Shadow:
         shadow = _Shadow(wanted, policy, dtype, budget, group)
@@ -423,11 +425,11 @@ def rank_gradient(model: nn.Module, inputs: ModelInputs | tuple, policy: Policy,
             vs = [[v for v, t in zip(row, leaves, strict=False) if t.requires_grad] for row in vs]
             if finals and keys:
                 anchors = [shadow.anchors[c] for c in keys]
-                for c, g in zip(keys, _projections(finals, anchors, vs, shadow.used * probes <= budget),
-                                strict=False):
+                batched = shadow.used * probes <= budget and not sharded
+                for c, g in zip(keys, _projections(finals, anchors, vs, batched), strict=False):
                     if g is not None:
-                        for x in g.tolist():
-                            found[c] += x ** 2
+                        for x in g:
+                            found[c] += float(x) ** 2
                         reached.add(c)
             state["done"] += probes
             if progress:

@@ -5,7 +5,7 @@ import pytest
 
 import tuner
 from tuner.search.changes import Change, compress
-from tuner.search.plans import no_op_overrides
+from tuner.measure.recorded import record_plan
 from tuner.testing import PlantedTask
 
 
@@ -33,7 +33,7 @@ def test_each_trial_label_is_the_change_from_the_trial_before(monkeypatch):
     import tuner.search.session as session
 
     counts = []  # the recorded forwards that count a plan's FP32 instances: one, for the trial whose plan is written
-    monkeypatch.setattr(session, "no_op_overrides", lambda *a: counts.append(a) or no_op_overrides(*a))
+    monkeypatch.setattr(session, "record_plan", lambda *a: counts.append(a) or record_plan(*a))
     task = PlantedTask(12, 2, samples=256)
     result = tuner.tune(task.build, task.evaluate, task.example_inputs, tolerance=0.002)
     searched = [t for t in result.trials if not t.baseline]

@@ -19,7 +19,8 @@ from tuner.core.inputs import ModelInputs
 from tuner.policy.plan import OpInstance
 from tuner.policy.presets import load_preset
 from tuner.search.candidates import Candidates, find_candidates
-from tuner.search.plans import no_op_overrides, plan_for
+from tuner.measure.recorded import record_plan
+from tuner.search.plans import plan_for
 from tuner.search.session import tune
 from tuner.options.tune import TuneOptions
 from tuner.workspace.journal import Journal, RunFingerprint
@@ -115,7 +116,7 @@ def test_overrides_that_change_nothing_are_dropped():
     mul = by_op["mul"]
 
     def idle(*fp32: OpInstance) -> set[OpInstance]:
-        return no_op_overrides(model, found.inputs, plan_for(TuneOptions(), {}, fp32), load_preset("torch-cpu"))
+        return set(record_plan(model, plan_for(TuneOptions(), {}, fp32), found.inputs).idle)
 
     # with `a` in FP32 the mul gets only FP32 inputs: an override on it changes nothing
     assert idle(a, mul) == {mul}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -167,17 +168,17 @@ def _name_gathered(model: nn.Module, params: dict[int, list[str]]) -> list[Any]:
     return hooks
 
 
-def gemm_mismatches(ran: Mapping[str, set[torch.dtype]], claimed: Mapping[str, set[torch.dtype]],
-                    tolerated: Mapping[str, set[torch.dtype]] | None = None) -> list[str]:
+def gemm_mismatches(ran: Mapping[str, AbstractSet[torch.dtype]], claimed: Mapping[str, AbstractSet[torch.dtype]],
+                    tolerated: Mapping[str, AbstractSet[torch.dtype]] | None = None) -> list[str]:
     """Modules whose matmuls/convs ran in a dtype the plan does not claim for them (nor for a module below
     them: a fused kernel does their work; nor for another op of theirs, in `tolerated`), or that the plan
     claims ran in a dtype none of them (nor any module below or above them) ran in; one line each."""
     tolerated = tolerated or {}
-    def below(path: str, table: Mapping[str, set[torch.dtype]]) -> set[torch.dtype]:
+    def below(path: str, table: Mapping[str, AbstractSet[torch.dtype]]) -> set[torch.dtype]:
         return {d for p, ds in table.items() if p == path or path in ("", "-") or p.startswith(path + ".")
                 for d in ds}
 
-    def above(path: str, table: Mapping[str, set[torch.dtype]]) -> set[torch.dtype]:
+    def above(path: str, table: Mapping[str, AbstractSet[torch.dtype]]) -> set[torch.dtype]:
         return {d for p, ds in table.items() if p != path and (p == "" or path.startswith(p + ".")) for d in ds}
 
     problems = []
@@ -190,7 +191,7 @@ def gemm_mismatches(ran: Mapping[str, set[torch.dtype]], claimed: Mapping[str, s
     return problems
 
 
-def _names(dtypes: set[torch.dtype]) -> str:
+def _names(dtypes: AbstractSet[torch.dtype]) -> str:
     return ",".join(sorted(str(d).replace("torch.", "") for d in dtypes)) or "none"
 
 
@@ -221,7 +222,8 @@ def stored_as(model: nn.Module, dtypes: Mapping[str, torch.dtype]) -> Iterator[n
 
 
 def verify(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, lowered: Mapping[str, torch.dtype],
-           claimed: Mapping[str, set[torch.dtype]], tolerated: Mapping[str, set[torch.dtype]]) -> Observation:
+           claimed: Mapping[str, AbstractSet[torch.dtype]],
+           tolerated: Mapping[str, AbstractSet[torch.dtype]]) -> Observation:
     """The deployed forward (the model as the trials ran it: `lowered` stored lowered, the plan attached),
     after checking that its matmuls/convs ran in the dtypes the plan claims: `claimed` (module path -> the
     dtypes its matmul/conv ops computed in under the plan; `tolerated`: the dtypes of its other ops, whose

@@ -27,11 +27,10 @@ from tuner.core.inputs import ModelInputs
 from tuner.core.output_files import CHECKPOINT_NAME, PLAN_NAME, SHARDED_CHECKPOINT_NAME
 from tuner.core.sharding import Sharding
 from tuner.engine.attach import attach, check_plan_fits
-from tuner.engine.function_mode import Decision, PrecisionEngine
 from tuner.engine.kind import EngineKind
 from tuner.measure.deployed import NotAsClaimed, stored_as, verify, weight_dtypes
-from tuner.measure.flops import MATMUL_OPS, RNN_OPS
-from tuner.measure.shares import ShareCounter, Shares
+from tuner.measure.recorded import PlanRecord, record_plan
+from tuner.measure.shares import Shares
 from tuner.policy.plan import Plan
 from tuner.report.sharded import checkpoint_digest, load_shards, load_whole
 
@@ -60,39 +59,28 @@ class PlanPass:
 
     lowered: dict[str, torch.dtype]
     shares: Shares
-    claimed: dict[str, set[torch.dtype]] = field(default_factory=dict)
-    tolerated: dict[str, set[torch.dtype]] = field(default_factory=dict)
+    claimed: Mapping[str, frozenset[torch.dtype]] = field(default_factory=dict)
+    tolerated: Mapping[str, frozenset[torch.dtype]] = field(default_factory=dict)
 
 
 def plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, *,
-              lowered: Mapping[str, torch.dtype] | None = None) -> PlanPass:
+              lowered: Mapping[str, torch.dtype] | None = None, recorded: PlanRecord | None = None) -> PlanPass:
     """Run `inputs` under the plan twice (no grad): once under mpt's engine, recording every op decision
-    (the report's call/FLOP shares, and the dtypes the plan claims), and once as deployed
-    (`tuner.measure.deployed.observe`: the plan attached as `tuner.load` and the trials attach it).
+    (`tuner.measure.recorded`: the report's call/FLOP shares, and the dtypes the plan claims), and once as
+    deployed (`tuner.measure.deployed.observe`: the plan attached as `tuner.load` and the trials attach it).
 
     A parameter goes into `lowered` when every use of it in the deployed forward of the FP32 model is a cast
     to the lower dtype (`weight_dtypes`): the trials ran with those stored lowered, as the checkpoint stores
     them; tied parameters (one tensor, several
     names) are lowered under all their names or none. `lowered`: what a deployed forward of this plan on the
     same model and inputs already observed (`TuneResult.lowered`): the second forward is then not run again.
+    `recorded`: likewise the first (`TuneResult.recorded`, made by the tune on the same plan less the FP32
+    overrides that change nothing, which change no op's dtype).
     """
     inputs = ModelInputs.of(inputs)
-    counter = ShareCounter()
-    claimed: dict[str, set[torch.dtype]] = {}
-    tolerated: dict[str, set[torch.dtype]] = {}
-
-    def record(d: Decision, func: Any, args: tuple, kwargs: dict, out: Any, *raw: Any) -> None:
-        counter.add(d, args, kwargs, out)
-        if d.compute is not None:
-            gemm = d.op in MATMUL_OPS or d.op in RNN_OPS
-            (claimed if gemm else tolerated).setdefault(d.module, set()).add(d.compute)
-
-    with torch.no_grad(), PrecisionEngine(plan.policy(), plan.torch_dtype, root=model, recorder=record,
-                                          module_overrides=plan.module_overrides(),
-                                          instance_overrides=plan.instance_overrides()):
-        inputs.call(model)
+    record = record_plan(model, plan, inputs) if recorded is None else recorded
     found = weight_dtypes(model, plan, inputs) if lowered is None else dict(lowered)
-    return PlanPass(found, counter.shares, claimed, tolerated)
+    return PlanPass(found, record.shares, record.claimed, record.tolerated)
 
 
 def verify_plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, planned: PlanPass) -> Any:

@@ -36,7 +36,7 @@ def measure_report(result: TuneResult, model: nn.Module, *, model_ref: ModelRef 
     """
     t0 = time.monotonic()
     inputs = ModelInputs() if result.inputs is None else ModelInputs.of(result.inputs)
-    planned = plan_pass(model, result.plan, inputs, lowered=result.lowered)
+    planned = plan_pass(model, result.plan, inputs, lowered=result.lowered, recorded=result.recorded)
     verify_plan_pass(model, result.plan, inputs, planned)  # what the report claims is what ran, and loads
     plan = dataclasses.replace(result.plan, model=model_ref)
     warnings = list(result.warnings)

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from tuner.measure.recorded import PlanRecord
 from tuner.measure.shares import Shares
 from tuner.options.tune import RankMethod, TuneOptions
 from tuner.policy.plan import OpInstance, Plan
@@ -161,6 +162,8 @@ class TuneResult:
     # the parameters the plan's checkpoint stores lowered, as a deployed forward of the plan observed them at the
     # end of the tune (None: not observed; the report's plan pass observes them then)
     lowered: dict[str, torch.dtype] | None = None
+    # the written plan's recorded forward (its shares and claims; None: not recorded, the report records it)
+    recorded: PlanRecord | None = None
 
     def __repr__(self) -> str:
         """One line a notebook can show: the outcome, not every trial and the example inputs' tensors."""

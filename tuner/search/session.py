@@ -28,6 +28,7 @@ from tuner.core.sharding import Sharding
 from tuner.core.torch_state import refuse_active_autocast
 from tuner.engine.probe import autocast_failures
 from tuner.measure.ranking import rank_exact, rank_gradient
+from tuner.measure.recorded import PlanRecord, record_plan
 from tuner.options.tune import RankMethod, TuneOptions
 from tuner.policy.plan import OpInstance
 from tuner.policy.presets import load_preset
@@ -38,7 +39,7 @@ from tuner.search.distributed import Ranks, SharedJournal
 from tuner.search.evaluator import Bounds, Evaluator
 from tuner.search.guide import Guide, guide_limits
 from tuner.search.noise import Acceptance, Baseline, coarse_metric_note, measure_baseline
-from tuner.search.plans import no_op_overrides, plan_for
+from tuner.search.plans import plan_for
 from tuner.search.results import (
     BaselineMeasured,
     CandidatesFound,
@@ -95,6 +96,7 @@ class TuneSession:
         self.evaluator = Evaluator(evaluate, self.keeper, Bounds(self.started, options.max_evals, options.time_budget),
                                    journal=journal, ranks=self.ranks, emit=self.emit)
         self.notes: list[str] = []
+        self.recorded: PlanRecord | None = None  # the written plan's recorded forward (final_fp32)
         self.warnings: list[str] = []
 
     # --- the phases ------------------------------------------------------------------------------------------
@@ -313,7 +315,8 @@ class TuneSession:
         fp32 = found.by_label(best.fp32)
         if stopped is StopReason.INTERRUPTED:
             return fp32, best.metric, best.n
-        idle = self._no_op_overrides(found, fp32)
+        self.recorded = self._record(found, fp32)
+        idle = self.recorded.idle
         if idle:
             fp32 = tuple(i for i in fp32 if i not in idle)
             self.notes.append(f"{len(idle)} FP32 override(s) dropped: their inputs are FP32 under the plan, "
@@ -329,12 +332,11 @@ class TuneSession:
         label = Change.between(before, trial.fp32, kept).text(self.options.dtype)
         trials[at] = dataclasses.replace(trial, label=label, kept=kept)
 
-    def _no_op_overrides(self, found: Candidates, fp32: tuple[OpInstance, ...]) -> set[OpInstance]:
-        if not fp32:
-            return set()
+    def _record(self, found: Candidates, fp32: tuple[OpInstance, ...]) -> PlanRecord:
+        """The recorded forward of the chosen trial's plan: its overrides that change nothing, and (they
+        change no op's dtype) the shares and claims of the plan written, which the report reuses."""
         with self.keeper.borrowed() as model:
-            return no_op_overrides(model, found.inputs, plan_for(self.options, found.fp32_modules, fp32),
-                                   self.policy)
+            return record_plan(model, plan_for(self.options, found.fp32_modules, fp32), found.inputs)
 
     def result(self, base: Baseline, accept: Acceptance, inputs: ModelInputs | None, found: Candidates | None,
                scores: Scores, chosen: frozenset[OpInstance] | None, stopped: StopReason | None) -> TuneResult:
@@ -368,7 +370,8 @@ class TuneSession:
                           flop_shares=found.flop_shares() if found else {},
                           seconds=time.monotonic() - self.started, eval_seconds=ev.eval_seconds,
                           user_seconds=self.user_seconds, inputs=inputs, warnings=warnings,
-                          noise=base.spread, rebuilds=self.keeper.rebuilds, chosen=chosen_n, lowered=lowered)
+                          noise=base.spread, rebuilds=self.keeper.rebuilds, chosen=chosen_n, lowered=lowered,
+                          recorded=self.recorded)
 
 
 def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Module], Any] | None = None,

@@ -1,0 +1,73 @@
+"""One recorded forward of a plan under mpt's engine, and what it tells about the plan.
+
+The report needs a plan's call/FLOP shares and the dtypes it claims each module's ops compute in; the tune
+needs to know which of the plan's FP32 overrides change nothing (an op that runs in its inputs' precision
+and gets only FP32 inputs runs in FP32 anyway). Both come from the same recording of the same forward, so a
+tune records its written plan once (`TuneResult.recorded`) and the report reuses it (issue 20: at 1.1B
+parameters a recorded forward costs seconds).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from tuner.core.inputs import ModelInputs
+from tuner.engine.function_mode import Decision, PrecisionEngine
+from tuner.measure.flops import MATMUL_OPS, RNN_OPS
+from tuner.measure.shares import ShareCounter, Shares
+from tuner.policy.plan import OpInstance, Plan
+from tuner.policy.rules import Rule
+
+# Rules under which an op runs in its inputs' precision: with FP32 inputs an FP32 override changes nothing.
+FROM_INPUTS = frozenset({Rule.PASSTHROUGH, Rule.FIRST_INPUT, Rule.PROMOTE})
+
+
+@dataclass(frozen=True)
+class PlanRecord:
+    """What a recorded forward of a plan tells: its shares; per module, the dtypes its matmul/conv ops
+    computed in (`claimed`) and those of its other ops (`tolerated`); the plan's FP32 overrides that change
+    nothing (`idle`: dropping them leaves every op's dtype, so every number above, as it is)."""
+
+    shares: Shares
+    claimed: Mapping[str, frozenset[torch.dtype]] = field(default_factory=dict)
+    tolerated: Mapping[str, frozenset[torch.dtype]] = field(default_factory=dict)
+    idle: frozenset[OpInstance] = frozenset()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.shares, Shares):
+            raise TypeError(f"PlanRecord.shares must be Shares, not {type(self.shares).__name__}")
+
+
+def inputs_all_fp32(decision: Decision) -> bool:
+    """The call had floating-point inputs, and every one of them was FP32."""
+    return bool(decision.in_dtypes) and all(t is torch.float32 for t in decision.in_dtypes)
+
+
+def record_plan(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> PlanRecord:
+    """One forward of `inputs` under `plan` (no grad), every op decision recorded."""
+    counter = ShareCounter()
+    claimed: dict[str, set[torch.dtype]] = {}
+    tolerated: dict[str, set[torch.dtype]] = {}
+    policy = plan.policy()
+    wanted = set(plan.fp32_instances)
+    idle: set[OpInstance] = set()
+
+    def record(d: Decision, func: Any, args: tuple, kwargs: dict, out: Any, *raw: Any) -> None:
+        counter.add(d, args, kwargs, out)
+        if d.compute is not None:
+            gemm = d.op in MATMUL_OPS or d.op in RNN_OPS
+            (claimed if gemm else tolerated).setdefault(d.module, set()).add(d.compute)
+        inst = OpInstance(d.module, d.op, d.index)
+        if inst in wanted and policy.lookup(d.op)[0] in FROM_INPUTS and inputs_all_fp32(d):
+            idle.add(inst)
+
+    with torch.no_grad(), PrecisionEngine(policy, plan.torch_dtype, root=model, recorder=record,
+                                          module_overrides=plan.module_overrides(),
+                                          instance_overrides=plan.instance_overrides()):
+        ModelInputs.of(inputs).call(model)
+    return PlanRecord(counter.shares, {k: frozenset(v) for k, v in claimed.items()},
+                      {k: frozenset(v) for k, v in tolerated.items()}, frozenset(idle))

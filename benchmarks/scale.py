@@ -42,7 +42,7 @@ PHASES = [
     ("weights fingerprint", "tuner.core.fingerprint", "ModelState.capture"),
     ("candidates + autocast probe", "tuner.search.session", "TuneSession.find_candidates"),
     ("ranking", "tuner.search.session", "TuneSession.rank"),
-    ("FP32 count (overrides that change nothing)", "tuner.search.session", "TuneSession._no_op_overrides"),
+    ("FP32 count + plan record (one recorded forward)", "tuner.search.session", "TuneSession._record"),
     ("confirm lowered weights", "tuner.search.evaluator", "Evaluator.confirm_lowered"),
     ("trial setup (deployed model)", "tuner.search.evaluator", "Evaluator._deployed"),
     ("lowered weights held (pack)", "tuner.measure.held", "HeldLowered.match"),

@@ -47,6 +47,8 @@ class HeldLowered:
         """Hold exactly the parameters of `dtypes` lowered (as far as they can be: a DTensor or a parameter
         already in its dtype is left as it is); returns the parameters changed (none: nothing to do)."""
         changed: list[nn.Parameter] = []
+        if not self._held and not dtypes:  # nothing held, nothing wanted: the usual loan of the model as built
+            return changed
         params = dict(model.named_parameters())
         with torch.no_grad():
             for name in reversed(list(self._held)):  # put back first: its bytes may be packed again below

@@ -194,9 +194,10 @@ class TuneSession:
         """The op instances to decide about (tuner.search.candidates), after the modules that must stay FP32
         (none when the evaluator's first look ran the all-low plan: else a probe finds them)."""
         fp32_modules: dict[str, str] = {}
-        if not self.evaluator.first_look(plan_for(self.options, {}, ()), inputs):  # else it ran as it is
+        all_low = plan_for(self.options, {}, ())
+        if not self.evaluator.first_look(all_low, inputs):  # else it ran as it is
             with self.keeper.borrowed() as model:
-                fp32_modules = autocast_failures(model, inputs, plan_for(self.options, {}, ()))
+                fp32_modules = autocast_failures(model, inputs, all_low)
         for path, why in fp32_modules.items():
             self.notes.append(f"module {path or '(root)'} stays FP32: torch.autocast cannot run it in "
                               f"{self.options.dtype} on this machine ({why})")

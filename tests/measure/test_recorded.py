@@ -6,9 +6,12 @@ import torch
 from torch import nn
 
 import tuner.report.checkpoint as checkpoint
+from tuner.core.inputs import ModelInputs
 from tuner.measure.recorded import record_plan
 from tuner.policy.plan import OpInstance, Plan
+from tuner.policy.presets import load_preset
 from tuner.report.checkpoint import plan_pass
+from tuner.search.candidates import find_candidates
 
 
 class Chain(nn.Module):
@@ -31,6 +34,8 @@ def _chain() -> tuple[nn.Module, torch.Tensor]:
 def test_an_idle_override_is_found_and_dropping_it_changes_no_share_or_claim():
     model, x = _chain()
     a, mul = OpInstance("a", "linear", 0), OpInstance("", "mul", 0)
+    found = find_candidates(model, ModelInputs.of((x,)), load_preset("torch-cpu"), torch.bfloat16, {})
+    assert {a, mul} <= set(found.instances)  # both change the numbers in bf16: both are decided
     with_idle = record_plan(model, Plan(fp32_instances=(a, mul)), (x,))
     assert with_idle.idle == {mul}  # with `a` in FP32 the mul gets FP32 inputs: its override changes nothing
     without = record_plan(model, Plan(fp32_instances=(a,)), (x,))

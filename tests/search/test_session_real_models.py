@@ -16,11 +16,8 @@ from torch.nn import functional as F
 import tuner
 from tests.engine.test_probe import AutocastAllergic
 from tuner.core.inputs import ModelInputs
-from tuner.policy.plan import OpInstance
 from tuner.policy.presets import load_preset
 from tuner.search.candidates import Candidates, find_candidates
-from tuner.measure.recorded import record_plan
-from tuner.search.plans import plan_for
 from tuner.search.session import tune
 from tuner.options.tune import TuneOptions
 from tuner.workspace.journal import Journal, RunFingerprint
@@ -91,37 +88,6 @@ def test_neutral_ops_are_never_candidates():
     ops = {c.op for c in found.instances}
     assert ops and ops <= {"linear", "mul", "tanh"}, ops
     assert not ops & {"transpose", "contiguous", "reshape", "dropout", "embedding"}
-
-
-class Chain(nn.Module):
-    """A fragile linear whose output feeds a passthrough op (mul) and a second linear."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = nn.Linear(32, 32)
-        self.b = nn.Linear(32, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b(self.a(x) * 3.0)
-
-
-def test_overrides_that_change_nothing_are_dropped():
-    torch.manual_seed(0)
-    x = torch.randn(8, 32)
-    model = Chain().eval()
-    found = candidates_of(model, (x,))
-    by_op = {c.op: c for c in found.instances}
-    assert {"linear", "mul"} <= set(by_op)
-    a = OpInstance("a", "linear", 0)
-    mul = by_op["mul"]
-
-    def idle(*fp32: OpInstance) -> set[OpInstance]:
-        return set(record_plan(model, plan_for(TuneOptions(), {}, fp32), found.inputs).idle)
-
-    # with `a` in FP32 the mul gets only FP32 inputs: an override on it changes nothing
-    assert idle(a, mul) == {mul}
-    # alone, the mul's inputs are bf16: its override matters
-    assert idle(mul) == set()
 
 
 class WithAllergic(nn.Module):

@@ -80,8 +80,8 @@ def evaluate(model):
 """
 
 # Two op instances bf16 breaks: inputs and hidden activations carry a DC offset of 4096 that the next layer's bias
-# cancels (bf16's spacing near 4096 is 32, larger than the signal). The search needs 7 evaluations on it:
-# baseline x2, all-low (fail), 2 trials until one passes, then 2 more to drop what is not needed.
+# cancels (bf16's spacing near 4096 is 32, larger than the signal). The search needs about 6 evaluations on
+# it: the baseline, all-low (fail), 2 trials until one passes, then more to drop what is not needed.
 BUILD_FRAGILE = """\
 def build_model():
     torch.manual_seed(0)

@@ -32,7 +32,7 @@ Load the result with tuner.load(build_model(), "mpt-out").
 
 
 class _Renderer:
-    """One line per trial (the baseline runs are trials 1 and 2); a spinner or progress bar while work runs on a
+    """One line per trial (the baseline's first run is trial 1); a spinner or progress bar while work runs on a
     terminal. Piped output is one plain line per event: lines starting with "eval N" are the trials."""
 
     def __init__(self, quiet: bool) -> None:
@@ -81,7 +81,7 @@ class _Renderer:
         if event.kind is EventKind.BASELINE:
             self.target_digits = max(6, self.digits.set_reference(data.value, data.target))
             self.out.print(self.baseline_line(data, self.target_digits), markup=False)
-            if self.tty:
+            if self.tty and not data.noisy:  # a noisy baseline is told again after the all-low trial
                 self.working("finding the op instances that run in lower precision ...")
         elif event.kind is EventKind.CANDIDATES:
             self.out.print(f"{data.count} op instances run in {data.dtype} under {data.preset} and change the "

@@ -30,7 +30,8 @@ def evaluate(model):
             fh.write("eval\n")
     if str(_CALLS[0]) == os.environ.get("MPT_TEST_INTERRUPT_AT"):
         raise KeyboardInterrupt
-    metric = _TASK.evaluate(model) + _NOISE.uniform(-1, 1) * float(os.environ.get("MPT_TEST_NOISE", "0"))
+    noise = float(os.environ.get("MPT_TEST_NOISE", "0"))
+    metric = _TASK.evaluate(model) + (_NOISE.uniform(-1, 1) * noise if noise else 0.0)
     if os.environ.get("MPT_TEST_MUTATE") == "1":
         with torch.no_grad():
             for p in model.parameters():

@@ -485,7 +485,7 @@ def test_a_transient_out_of_memory_in_a_trial_is_retried_not_journaled(runner, t
 def test_out_of_memory_is_one_message_and_exit_2_wherever_it_hits(runner, tmp_path, monkeypatch):
     path = model_file(tmp_path, {"evaluate": OOM_EVALUATE})
     monkeypatch.setenv("MPT_TEST_CALLS", str(tmp_path / "calls"))
-    monkeypatch.setenv("MPT_TEST_OOM", ",".join(str(n) for n in range(3, 50)))  # from the 3rd evaluation on
+    monkeypatch.setenv("MPT_TEST_OOM", ",".join(str(n) for n in range(2, 50)))  # from the 2nd evaluation on
     out = tmp_path / "out"
     res = mpt(runner, "tune", path, "--out", out, "-q", "--no-latency")
     line = line_of(path, "1 << 50")

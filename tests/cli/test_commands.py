@@ -99,7 +99,7 @@ def test_tune_plain_output_has_one_line_per_trial(runner, tmp_path):
     res = runner.invoke(main, ["tune", SENSOR, "--out", str(tmp_path / "o")])
     trial_lines = [l for l in res.output.splitlines() if l.startswith("eval ")]
     trials = json.loads((tmp_path / "o" / "report.json").read_text())["trials"]
-    assert len(trial_lines) == len(trials)  # the baseline runs are trials 1 and 2
+    assert len(trial_lines) == len(trials)  # the baseline's run is trial 1
     assert [int(line.split()[1]) for line in trial_lines] == [t["n"] for t in trials] == list(range(1, len(trials) + 1))
 
 

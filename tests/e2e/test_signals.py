@@ -66,14 +66,14 @@ def wait_for_evals(proc: subprocess.Popen, out: Path, n: int, timeout: float = 1
 def test_interrupt_keeps_the_journal_and_resume_repeats_nothing(tmp_path, sig):
     out, counter = tmp_path / "out", tmp_path / "calls.txt"
     proc = start(out, counter, "--thorough")
-    wait_for_evals(proc, out, 3)  # the baseline twice + the all-bf16 trial (fails); the next one is running
+    wait_for_evals(proc, out, 2)  # the baseline + the all-bf16 trial (fails); the next one is running
     proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == exitcodes.INTERRUPTED, (proc.returncode, stdout, stderr)
     assert "mpt: error: interrupted" in stderr and "--resume" in stderr and "Traceback" not in stderr
 
     finished = evals(out)  # parses every line: nothing torn
-    assert finished[:3] == ["baseline#1", "baseline#2", "fp32="] and len(finished) == len(set(finished))
+    assert finished[:2] == ["baseline#1", "fp32="] and len(finished) == len(set(finished))
     leftovers = [p.name for p in out.iterdir() if p.name.endswith(".tmp") or p.name.startswith(".mpt-staging")]
     assert not leftovers
     assert not (out / "plan.yaml").exists()  # no plan had passed yet, so there is no best plan to write

@@ -92,7 +92,7 @@ def test_every_problem_reported_at_once(tmp_path):
     ("version: 1\ntolerance: -0.1\n", "tolerance: expected a number >= 0, found -0.1"),
     ("version: 1\ntolerance: .nan\n", "tolerance: expected a number, found nan"),
     ("version: 1\ntolerance: '1%'\n", "tolerance: expected a number, found '1%' (str)"),
-    ("version: 1\nmax_evals: 1\n", "max_evals: expected an integer >= 3, found 1"),
+    ("version: 1\nmax_evals: 1\n", "max_evals: expected an integer >= 2, found 1"),
     ("version: 1\nmax_evals: 2.5\n", "max_evals: expected an integer, found 2.5"),
     ("version: 1\ntime_budget: 0\n", "time_budget: expected a number > 0, found 0"),
     ("version: 1\ndevice: tpu\n", "device: expected one of cpu, cuda, found 'tpu'"),

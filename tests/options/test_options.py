@@ -82,7 +82,7 @@ def test_every_field_is_a_config_key_of_the_same_kind(name):
 
 def test_schema_kinds_come_from_the_fields():
     assert SCHEMA["model"].kind == "model-file" and SCHEMA["build"].kind == "function"
-    assert SCHEMA["max_evals"].kind == "int" and SCHEMA["max_evals"].minimum == 3
+    assert SCHEMA["max_evals"].kind == "int" and SCHEMA["max_evals"].minimum == 2
     assert SCHEMA["time_budget"].kind == "number" and SCHEMA["time_budget"].exclusive_min
     assert SCHEMA["device"].choices == ("cpu", "cuda") and SCHEMA["resume"].kind == "bool"
     assert SCHEMA["dtype"].choices == ("bf16", "fp16", "bfloat16", "float16", "half")
@@ -185,12 +185,12 @@ def test_config_key_and_flag_agree(runner, tmp_path, model, yaml_line, flags):
 def test_a_bad_value_says_the_same_as_flag_and_key(runner, tmp_path, model):
     by_flag = runner.invoke(main, ["tune", str(model), "--max-evals", "1", "--out", str(tmp_path / "o")])
     assert by_flag.exit_code == exitcodes.USAGE
-    assert by_flag.stderr.startswith("mpt: error: --max-evals: expected an integer >= 3, found 1")
+    assert by_flag.stderr.startswith("mpt: error: --max-evals: expected an integer >= 2, found 1")
     cfg = tmp_path / "c.yaml"
     cfg.write_text("version: 1\nmax_evals: 1\n")
     by_key = runner.invoke(main, ["tune", str(model), "--config", str(cfg)])
     assert by_key.exit_code == exitcodes.USAGE
-    assert by_key.stderr.startswith(f"mpt: error: {cfg}: max_evals: expected an integer >= 3, found 1")
+    assert by_key.stderr.startswith(f"mpt: error: {cfg}: max_evals: expected an integer >= 2, found 1")
     assert not (tmp_path / "o").exists()
 
 
@@ -208,7 +208,7 @@ def test_the_library_speaks_keys():
     with pytest.raises(ConfigError) as info:
         TuneCommandOptions(model="m.py", max_evals=1, tolerance=5.0, absolute=False)
     assert info.value.fields == ("max_evals", "tolerance")
-    assert info.value.errors[0] == "max_evals: expected an integer >= 3, found 1"
+    assert info.value.errors[0] == "max_evals: expected an integer >= 2, found 1"
     assert "set `absolute`" in info.value.errors[1]
     with pytest.raises(ConfigError) as info:
         validate_config({"version": 1, "max_eval": 3, "top": 0}, SCHEMA)

@@ -1,7 +1,7 @@
 """One set of numbers: trial lines, the summary, report.json, report.md and search.html agree.
 
 The lower-precision share is defined once (tuner.measure.shares): FLOP share first, call share second. Trials are
-numbered from 1 in the order they ran, the FP32 baseline's two runs being trials 1 and 2, alike everywhere. A run's
+numbered from 1 in the order they ran, the FP32 baseline's run being trial 1, alike everywhere. A run's
 metrics are written with the digits that tell them from its target and baseline (tuner.report.metric_text).
 """
 import json
@@ -43,9 +43,9 @@ def check_agreement(res, out: Path) -> dict:
     d = run_digits(report)
     lines = trial_lines(res.stdout)
     trials = report["trials"]
-    # numbered 1.. in the terminal and report.json alike; the baseline runs are trials 1 and 2
+    # numbered 1.. in the terminal and report.json alike; the baseline's one run is trial 1 (deterministic)
     assert sorted(lines) == [t["n"] for t in trials] == list(range(1, report["evaluations"] + 1))
-    assert [t["n"] for t in trials if t["baseline"]] == [1, 2]
+    assert [t["n"] for t in trials if t["baseline"]] == [1]
     page = (out / "search.html").read_text()
     rows = re.findall(r"<tr[^>]*><td>(\d+)</td><td>.*?</td><td[^>]*>(.*?)</td><td>\w+</td><td>(.*?)</td>", page)
     assert [int(n) for n, _, _ in rows] == [t["n"] for t in trials]
@@ -94,7 +94,7 @@ def test_numbers_agree_on_a_searched_model(runner, tmp_path):
     res = tune(runner, model, out, "--thorough")
     assert res.exit_code == 0, res.output
     report = check_agreement(res, out)
-    assert report["evaluations"] > 3
+    assert report["evaluations"] > 2  # the baseline, all-low and search trials
 
 
 def test_a_tight_tolerance_shows_the_digits_that_tell_a_miss(runner, tmp_path):

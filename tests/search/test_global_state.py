@@ -51,7 +51,7 @@ def clean_state():
 def test_a_leaking_evaluate_runs_every_trial_in_the_start_state_and_is_warned_once(clean_state):
     evaluate = Leaky()
     result = tune(build, evaluate, (X,), TuneOptions(dtype="bf16", tolerance=0.05, max_evals=6))
-    assert len(evaluate.seen) >= 3  # two baseline runs and at least the all-low trial
+    assert len(evaluate.seen) >= 2  # the baseline run and at least the all-low trial
     assert all(seen == clean_state for seen in evaluate.seen)
     assert TorchState.capture() == clean_state  # and the caller gets its own state back
     assert result.noise == 0.0 and all(t.error is None for t in result.trials)

@@ -149,7 +149,7 @@ def test_a_real_tune_is_guided_and_reports_only_evaluated_plans():
             return float((model(x) - ref).norm() / ref.norm())
 
     result = tune(build, evaluate, (x[:16],), dtype="bf16", tolerance=3e-3, absolute=True, lower_is_better=True)
-    assert result.trials[2].metric > 3e-3  # all-low fails: the search has to decide
+    assert result.trials[1].metric > 3e-3  # all-low fails: the search has to decide
     assert result.metric is not None and result.metric <= result.target
     assert any("guided the search" in note for note in result.notes)
     chosen = result.trials[result.chosen - 1]  # the plan is a trial's set, less overrides that change nothing

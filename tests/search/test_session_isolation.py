@@ -25,6 +25,7 @@ from tuner.core.loader import load_user_model
 from tuner.testing import PlantedTask
 from tuner.options.tune import TuneOptions
 from tuner.search.results import StopReason, TuneStatus
+from tuner.search.repeatable import repeatable
 from tuner.search.session import tune
 
 ASSET = Path(__file__).parents[1] / "assets" / "planted_file.py"
@@ -116,7 +117,7 @@ def test_cli_mutating_evaluate_gives_the_clean_plan(runner, tmp_path, model_py, 
 
 def test_resume_after_editing_the_model_file_is_refused(runner, tmp_path, model_py):
     out = tmp_path / "out"
-    first = mpt(runner, "tune", model_py, "--out", out, "--max-evals", "3", "-q")
+    first = mpt(runner, "tune", model_py, "--out", out, "--max-evals", "2", "-q")
     assert first.exit_code == exitcodes.TARGET_NOT_MET, first.output
     model_py.write_text(model_py.read_text() + "\n# an edit\n")
     res = mpt(runner, "tune", model_py, "--out", out, "--resume", "-q")
@@ -131,11 +132,11 @@ def test_resume_after_editing_a_file_the_model_file_imports_is_refused(runner, t
     source = model_py.read_text().replace("import torch\n", f"import torch\nfrom {sibling} import score\n", 1)
     model_py.write_text(source.replace("    return metric\n", "    return score(metric)\n"))
     out = tmp_path / "out"
-    first = mpt(runner, "tune", model_py, "--out", out, "--max-evals", "3", "-q")
+    first = mpt(runner, "tune", model_py, "--out", out, "--max-evals", "2", "-q")
     assert first.exit_code == exitcodes.TARGET_NOT_MET, first.output
     header = json.loads((out / "journal.jsonl").read_text().splitlines()[0])
     assert list(header["files"]) == ["planted.py", f"{sibling}.py"]
-    same = mpt(runner, "tune", model_py, "--out", out, "--resume", "--max-evals", "3", "-q")
+    same = mpt(runner, "tune", model_py, "--out", out, "--resume", "--max-evals", "2", "-q")
     assert same.exit_code == exitcodes.TARGET_NOT_MET, same.output  # nothing changed: it resumes
     (tmp_path / f"{sibling}.py").write_text((tmp_path / f"{sibling}.py").read_text().replace("1.0", "0.5"))
     res = mpt(runner, "tune", model_py, "--out", out, "--resume", "-q")
@@ -155,8 +156,8 @@ def test_resume_with_other_settings_names_the_setting(runner, tmp_path, model_py
 def test_resume_without_example_inputs_repeats_no_evaluation(runner, tmp_path, model_py, monkeypatch):
     out, counter = tmp_path / "out", tmp_path / "calls.txt"
     monkeypatch.setenv("MPT_TEST_COUNT", str(counter))
-    first = mpt(runner, "tune", model_py, "--out", out, "--max-evals", "3", "-q")
-    assert first.exit_code == exitcodes.TARGET_NOT_MET and calls(counter) == 3 == len(journal_keys(out))
+    first = mpt(runner, "tune", model_py, "--out", out, "--max-evals", "2", "-q")
+    assert first.exit_code == exitcodes.TARGET_NOT_MET and calls(counter) == 2 == len(journal_keys(out))
     assert (out / "journal-inputs.safetensors").is_file()  # the recorded inputs are kept for --resume
     res = mpt(runner, "tune", model_py, "--out", out, "--resume", "-q")
     assert res.exit_code == exitcodes.OK, res.output
@@ -208,7 +209,7 @@ def test_time_budget_counts_from_the_start_of_the_command():
     task = PlantedTask(24, 2)
     result = tune(task.build, task.evaluate, task.example_inputs, TuneOptions(time_budget=30),
                   started=time.monotonic() - 60)  # the command started a minute ago
-    assert result.stopped is StopReason.TIME_BUDGET and result.evals == 2  # the baseline only
+    assert result.stopped is StopReason.TIME_BUDGET and result.evals == 1  # the baseline only
 
 
 def test_ctrl_c_after_passing_trials_leaves_a_loadable_plan(runner, tmp_path, model_py, monkeypatch):
@@ -261,10 +262,11 @@ def test_plan_and_report_agree(runner, tmp_path, model_py):
 
 # --- 7. noisy metrics ---------------------------------------------------------------------------------------
 
-def test_deterministic_evaluate_pays_one_extra_evaluation():
+def test_deterministic_evaluate_costs_one_baseline_run():
     task = PlantedTask(16, 0)
     result = tune(task.build, task.evaluate, task.example_inputs, TuneOptions())
-    assert result.noise == 0 and [t.baseline for t in result.trials] == [True, True, False]
+    assert result.noise == 0 and [t.baseline for t in result.trials] == [True, False]
+    assert repeatable(result.trials[0].signature, result.trials[1].signature)
 
 
 def test_noisy_evaluate_is_measured_and_its_plan_holds_in_repeated_checks(runner, tmp_path, model_py, monkeypatch):

@@ -23,7 +23,7 @@ from tuner.options.shared import (
 
 __all__ = ["TuneOptions", "RankMethod", "MIN_MAX_EVALS"]
 
-MIN_MAX_EVALS = 3  # the baseline twice (tuner.search.noise) + one trial
+MIN_MAX_EVALS = 2  # the baseline (once: tuner.search.noise) + one trial
 
 
 class RankMethod(str, enum.Enum):
@@ -48,7 +48,7 @@ class TuneOptions(Options):
                                               "agreement 0.01, cosine 0.001, kl 0.01, rel-error 0.02).")
     absolute: bool = option(False, "Treat --tolerance as an absolute drop of the metric.", Kind.BOOL)
     lower_is_better: bool = option(False, "The metric is a loss/perplexity: lower is better.", Kind.BOOL)
-    max_evals: int | None = option(None, "Stop after N full evaluations (the baseline's runs included; at least 3).",
+    max_evals: int | None = option(None, "Stop after N full evaluations (the baseline's runs included; at least 2).",
                                    Kind.INT, minimum=MIN_MAX_EVALS, metavar="N")
     time_budget: float | None = option(None, "Seconds from the start of the command; no evaluation is started that "
                                        "would end after it (the best confirmed plan is kept).", Kind.NUMBER,

@@ -43,9 +43,9 @@ def search_page(result: TuneResult, report: TuneReport) -> str:
 </dl>
 {_fp32_section(result, report)}
 <h2>Search</h2>
-<p>Each dot is one full evaluation, numbered as in the terminal and report.json (trials 1 and 2: the FP32
-baseline). Right is more of the model in {dtype}; the green line joins the best plans
-that met the target.</p>
+<p>Each dot is one full evaluation, numbered as in the terminal and report.json (trial 1: the FP32
+baseline, and any trial marked as a baseline run). Right is more of the model in {dtype}; the green line
+joins the best plans that met the target.</p>
 {svg_plot(result, report)}
 <h2>Trials</h2><p>Each trial says what it changed from the trial before it (<code>+N FP32</code>: kept in FP32,
 <code>-N</code>: back in {dtype}; <code>*</code> stands for indices) and how many instances its plan keeps in FP32.</p>

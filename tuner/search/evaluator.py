@@ -19,7 +19,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -36,6 +36,7 @@ from tuner.measure.shares import Shares
 from tuner.policy.plan import Plan
 from tuner.search.distributed import Ranks, SharedJournal
 from tuner.search.noise import Acceptance
+from tuner.search.repeatable import RunSignature
 from tuner.search.results import Evaluating, EventKind, StopReason, Trial, TuneEvent
 from tuner.search.strategy import SearchStopped
 from tuner.workspace.journal import Journal
@@ -63,21 +64,34 @@ NO_FORWARD = ("evaluate returned a metric without calling the model ({which}): m
 
 class _ForwardCount:
     """Counts the calls of `model(...)` (and of deep copies of it) while it lives, and the tensor elements
-    they were given (`fed`: how much forward work an evaluate is, in a number a rerun gives again): a forward
-    pre-hook."""
+    they were given (`fed`: how much forward work an evaluate is, in a number a rerun gives again), and
+    passes them to `signature` (tuner.search.repeatable): a forward pre-hook."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, signature: RunSignature | None = None) -> None:
         self.calls = 0
         self.fed = 0
 
         def count(module: nn.Module, args: Any, kwargs: Any) -> None:  # a function: deepcopy shares it
             self.calls += 1
             self.fed += sum(t.numel() for t in tensor_leaves((args, kwargs)))
+            if signature is not None:
+                signature.feed(args, kwargs)
 
         self._handle = model.register_forward_pre_hook(count, with_kwargs=True)
 
     def remove(self) -> None:
         self._handle.remove()
+
+
+class _Run(NamedTuple):
+    """What one evaluate gave: its metric (None: failed, `error` says why), its seconds, the tensor elements
+    it fed the model's forward and its signature (tuner.search.repeatable; None: not readable)."""
+
+    metric: float | None
+    error: str | None
+    seconds: float
+    fed: int
+    signature: str | None
 
 
 def _describe(exc: Exception) -> str:
@@ -162,24 +176,26 @@ class Evaluator:
         if cached is not None:
             metric = None if cached.get("metric") is None else float(cached["metric"])
             passed = baseline or (accept is not None and accept.confirms(metric))
-            fed = cached.get("fed")
+            fed, signature = cached.get("fed"), cached.get("signature")
             return self._record(Trial(n, label, fp32, metric, passed, float(cached["seconds"]), shares,
                                       cached.get("error"), True, baseline, kept,
-                                      fed if isinstance(fed, int) and fed > 0 else None))
+                                      fed if isinstance(fed, int) and fed > 0 else None,
+                                      signature if isinstance(signature, str) else None))
         if not baseline:
             self.ranks.decide(self._check_bounds)  # rank 0's clock and count stop every rank at once
         self._emit(TuneEvent(EventKind.EVALUATING, Evaluating(n, label)))
-        metric, error, secs, fed = self._call(plan)
-        passed = baseline or (accept is not None and accept.confirms(metric))
-        trial = Trial(n, label, fp32, metric, passed, secs, shares, error, False, baseline, kept, fed or None)
+        run = self._call(plan)
+        passed = baseline or (accept is not None and accept.confirms(run.metric))
+        trial = Trial(n, label, fp32, run.metric, passed, run.seconds, shares, run.error, False, baseline, kept,
+                      run.fed or None, run.signature)
         if self.journal:
-            self.journal.append(key, {"metric": metric, "passed": passed, "seconds": secs, "error": error,
-                                      "fp32": list(fp32), "fed": fed})
+            self.journal.append(key, {"metric": run.metric, "passed": passed, "seconds": run.seconds,
+                                      "error": run.error, "fp32": list(fp32), "fed": run.fed,
+                                      "signature": run.signature})
         return self._record(trial)
 
-    def _call(self, plan: Plan | None) -> tuple[float | None, str | None, float, int]:
-        """(metric, error, seconds, tensor elements fed to the model's forward) of one `evaluate` on the lent
-        model, with `plan` attached (None: FP32).
+    def _call(self, plan: Plan | None) -> _Run:
+        """One `evaluate` on the lent model, with `plan` attached (None: FP32).
 
         Out of memory is not a result: the evaluation is retried once (after freeing what can be freed), and
         a second time raises OutOfMemory, with nothing journaled, so `resume` runs it again. Under torchrun
@@ -193,14 +209,16 @@ class Evaluator:
             free_memory()
         return self._call_once(plan)
 
-    def _call_once(self, plan: Plan | None) -> tuple[float | None, str | None, float, int]:
+    def _call_once(self, plan: Plan | None) -> _Run:
         baseline = plan is None
         metric: float | None = None
         error: str | None = None
         lowered = None if plan is None else self.lowered(plan)
         with self.keeper.borrowed("evaluate", lowered=lowered) as model:
             t0 = time.monotonic()
-            count = _ForwardCount(model)
+            signature = RunSignature(self._evaluate)
+            count = _ForwardCount(model, signature)
+            signature.start()
             try:
                 with self._deployed(model, plan):
                     metric = _to_float(self._evaluate(model))
@@ -212,6 +230,7 @@ class Evaluator:
                 error = _describe(exc)
             finally:
                 count.remove()
+                digest = signature.finish()
                 self.keeper.guard.restore("evaluate")  # the next evaluation starts from the state the run did
             secs = time.monotonic() - t0
             if metric is not None and self.ranks.distributed:
@@ -223,7 +242,7 @@ class Evaluator:
         if metric is not None and count.calls == 0:
             raise UserCodeError(NO_FORWARD.format(which="the FP32 baseline" if baseline else "a trial"),
                                 where=user_site(self._evaluate))
-        return metric, error, secs, count.fed
+        return _Run(metric, error, secs, count.fed, digest)
 
     @contextlib.contextmanager
     def _deployed(self, model: nn.Module, plan: Plan | None) -> Iterator[nn.Module]:

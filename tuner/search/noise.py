@@ -1,9 +1,12 @@
 """Noisy metrics: measure how much `evaluate` varies on the same model, and judge plans against that.
 
-The FP32 baseline is evaluated twice. Equal results mean a deterministic
-evaluate (one extra evaluation, spread 0). Different results mean noise: the
-baseline is evaluated up to `NOISY_SAMPLES` times, the baseline is their mean
-and the spread their range (max - min).
+The FP32 baseline is evaluated once. When the next evaluation (the all-low
+trial) fed the model the same data and drew nothing new at random, evaluate is
+deterministic and that one run is the baseline (`settled`: tuner.search.repeatable).
+Else it is evaluated again: equal results mean a deterministic evaluate (spread 0);
+different results mean noise, and the baseline is evaluated up to
+`NOISY_SAMPLES` times, the baseline is their mean and the spread their range
+(max - min).
 
 Two rules share that spread:
 - `Acceptance.confirms` (tune): a trial counts as passing only when its metric
@@ -26,10 +29,13 @@ NOISY_SAMPLES = 5
 @dataclass(frozen=True)
 class Baseline:
     samples: tuple[float, ...]
+    settled: bool = False  # one run is enough: another evaluation showed evaluate deterministic
 
     def __post_init__(self) -> None:
         if not self.samples:
             raise ValueError("a baseline needs at least one sample")
+        if self.settled and len(self.samples) != 1:
+            raise ValueError(f"only a one-run baseline is settled by another evaluation, not {len(self.samples)}")
 
     @property
     def value(self) -> float:
@@ -45,7 +51,9 @@ class Baseline:
 
     @property
     def complete(self) -> bool:
-        """Enough samples: two equal ones, or NOISY_SAMPLES when they differ."""
+        """Enough samples: `settled`, two equal ones, or NOISY_SAMPLES when they differ."""
+        if self.settled:
+            return True
         if len(self.samples) < 2:
             return False
         return not self.noisy or len(self.samples) >= NOISY_SAMPLES

@@ -50,13 +50,15 @@ class EventKind(str, enum.Enum):
 class Trial:
     """One full evaluation: the FP32 baseline (its samples) or a plan tried by the search.
 
-    `n` counts from 1 in the order the evaluations ran: the baseline runs are
-    trials 1 and 2. `shares` is the trial's lower-precision share (tuner.measure.shares;
+    `n` counts from 1 in the order the evaluations ran: the baseline runs first
+    (once, or more: tuner.search.noise). `shares` is the trial's lower-precision share (tuner.measure.shares;
     zero for the baseline). `label` says what the trial changed from the trial before it
     (tuner.search.changes). `fp32` lists the instances it kept FP32; `kept` is how many of
     them its plan records once the overrides that change nothing are dropped (None: not known). `fed`
     counts the tensor elements evaluate passed to the model's forward (None: not known), which sizes the
-    search's guide the same way in every run (tuner.search.guide.guide_limits).
+    search's guide the same way in every run (tuner.search.guide.guide_limits). `signature` digests what
+    evaluate fed the model and drew at random (tuner.search.repeatable; None: not known): two runs with the
+    same one give the same metric.
     """
 
     n: int
@@ -71,6 +73,7 @@ class Trial:
     baseline: bool = False
     kept: int | None = None
     fed: int | None = None
+    signature: str | None = None
 
 
 @dataclass(frozen=True)

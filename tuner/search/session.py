@@ -40,6 +40,7 @@ from tuner.search.evaluator import Bounds, Evaluator
 from tuner.search.guide import Guide, guide_limits
 from tuner.search.noise import Acceptance, Baseline, coarse_metric_note, measure_baseline
 from tuner.search.plans import plan_for
+from tuner.search.repeatable import repeatable
 from tuner.search.results import (
     BaselineMeasured,
     CandidatesFound,
@@ -112,6 +113,7 @@ class TuneSession:
             self.evaluator.inputs = found.inputs  # each trial holds lowered what its checkpoint would
             trials = SearchTrials(self.evaluator, found, base, accept, self.options)
             first, low = self.all_low(found, trials)
+            base, accept, first = self.settle_noise(base, accept, trials, first)
             self.check_metric_sees_outputs(found, base)
             if first.passed:
                 chosen = frozenset()
@@ -126,7 +128,8 @@ class TuneSession:
         return self.result(base, accept, inputs, found, scores, chosen, stopped)
 
     def measure_baseline(self) -> tuple[Baseline, Acceptance, ModelInputs | None]:
-        """The FP32 metric, evaluated twice to learn whether `evaluate` is deterministic (tuner.search.noise).
+        """The FP32 metric, evaluated once: the all-low trial then tells whether `evaluate` is deterministic
+        (`settle_noise`, tuner.search.noise).
 
         Without example_inputs() the inputs come from the journal of an earlier run, else they are recorded
         from evaluate's first forward call (and kept in the journal for --resume)."""
@@ -135,23 +138,50 @@ class TuneSession:
 
         def sample() -> float:
             nonlocal inputs, recorder
-            trial = self.evaluator.baseline()
+            metric = self._fp32_metric()
             if recorder is not None and recorder.inputs is not None:
                 inputs, recorder = recorder.inputs, None
                 if self.journal and not self.journal.save_inputs(inputs):
                     self.notes.append("the recorded inputs are not all tensors, so they are not kept for --resume")
-            if trial.metric is None:  # pragma: no cover - the evaluator raises for a failed baseline
-                raise UserCodeError("evaluate gave no metric for the FP32 model")
-            return trial.metric
+            return metric
 
-        base = measure_baseline(sample)
+        base = Baseline((sample(),))
         if recorder is not None:  # every sample came from the journal and the inputs were not kept
             base = Baseline(base.samples + (sample(),))
+        return base, self._accept(base), inputs
+
+    def _fp32_metric(self) -> float:
+        trial = self.evaluator.baseline()
+        if trial.metric is None:  # pragma: no cover - the evaluator raises for a failed baseline
+            raise UserCodeError("evaluate gave no metric for the FP32 model")
+        return trial.metric
+
+    def _accept(self, base: Baseline) -> Acceptance:
+        """The acceptance rule for `base`, reported (a BASELINE event, and a note when evaluate is noisy)."""
         accept = Acceptance(self.options.target(base.value), base.spread, self.options.lower_is_better)
         self._note_noise(base)
         self.emit(TuneEvent(EventKind.BASELINE, BaselineMeasured(base.value, base.spread, accept.target,
                                                                  self.options.lower_is_better)))
-        return base, accept, inputs
+        return accept
+
+    def settle_noise(self, base: Baseline, accept: Acceptance, trials: SearchTrials,
+                     first: Probe) -> tuple[Baseline, Acceptance, Probe]:
+        """A one-run baseline made complete: settled when the all-low trial's signature matches the baseline's
+        (the same data fed, nothing new drawn at random: tuner.search.repeatable), so a deterministic
+        evaluate costs one FP32 run; else the baseline is evaluated again (more when noisy) and the all-low trial is
+        judged again with the noise margin. Under torchrun only when every rank's signatures agree.
+        `first`: the all-low trial's probe, as judged."""
+        if base.complete:
+            return base, accept, first
+        runs = self.evaluator.trials
+        fp32 = next(t for t in runs if t.baseline)
+        low = next((t for t in runs if not t.baseline), None)
+        same = low is not None and repeatable(fp32.signature, low.signature)
+        if all(self.ranks.gather(same)):
+            return dataclasses.replace(base, settled=True), accept, first
+        base = measure_baseline(self._fp32_metric, base.samples)
+        accept = self._accept(base)
+        return base, accept, trials.rejudge(base, accept, frozenset(), first)
 
     def _note_noise(self, base: Baseline) -> None:
         if not base.noisy:
@@ -260,11 +290,12 @@ class TuneSession:
         """PrecisionSearch over units (every candidate one module's own code calls: what a loaded plan can run
         in FP32 without Python per op, `tuner.engine.native`); its chosen FP32 set and why it stopped early."""
         units = found.units()
+        spare = 2 - min(2, len(trials.base.samples))  # evaluations a settled one-run baseline left unspent
         search = PrecisionSearch([math.sqrt(sum(scores[found.instances[i]] ** 2 for i in u)) for u in units],
                                  lambda picked: trials.probe(frozenset(i for n in picked for i in units[n]), scores),
                                  costs=[sum(found.costs[found.instances[i]] for i in u) for u in units],
                                  thorough=self.options.thorough, all_low_failed=True, all_low_drop=first.drop,
-                                 guide=self.guide(found, units, low))
+                                 guide=self.guide(found, units, low), extra_probes=1 + spare)
         outcome = search.run()
         self.notes.extend(outcome.notes)
         if search.guide is not None and search.guide.forwards:

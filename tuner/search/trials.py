@@ -1,6 +1,7 @@
 """The search's trials: a set of candidates kept FP32 -> a full evaluation -> a `Probe` for PrecisionSearch."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 
@@ -9,7 +10,7 @@ from tuner.options.tune import TuneOptions
 from tuner.policy.plan import OpInstance
 from tuner.search.candidates import Candidates
 from tuner.search.changes import Change
-from tuner.search.evaluator import Evaluator
+from tuner.search.evaluator import Evaluator, trial_key
 from tuner.search.noise import Acceptance, Baseline
 from tuner.search.plans import plan_for
 from tuner.search.results import StopReason, Trial
@@ -54,6 +55,21 @@ class SearchTrials:
         self.options = options
         self._memo: dict[frozenset[int], Probe] = {}
         self._last: tuple[str, ...] | None = None  # the FP32 labels of the trial before (None: none yet)
+
+    def rejudge(self, base: Baseline, accept: Acceptance, fp32_idx: frozenset[int], probe: Probe) -> Probe:
+        """`probe` (the trial of `fp32_idx`) judged again under a baseline measured anew (noise found after
+        it ran): its Probe, and its Trial in the evaluator's list, pass only if `accept` confirms its metric.
+        Later trials are judged with `base` and `accept`."""
+        self.base, self.accept = base, accept
+        key = trial_key(tuple(sorted(c.label() for c in self.found.pick(fp32_idx))))
+        runs = self.evaluator.trials
+        at = next((i for i, t in enumerate(runs) if not t.baseline and trial_key(t.fp32) == key), None)
+        if at is None:  # not evaluated (an all-low plan that overflows): nothing to judge again
+            return probe
+        trial = runs[at] = dataclasses.replace(runs[at], passed=accept.confirms(runs[at].metric))
+        again = Probe(trial.passed, drop(trial.metric, base, accept))
+        self._memo[fp32_idx] = again
+        return again
 
     def probe(self, fp32_idx: frozenset[int], scores: Mapping[OpInstance, float]) -> Probe:
         """The candidates in `fp32_idx` stay FP32, the rest run low. `scores` (the ranking) is PrecisionSearch's

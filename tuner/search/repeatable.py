@@ -111,7 +111,7 @@ class RunSignature:
             return
         for t in tensor_leaves((args, kwargs)):
             try:
-                data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+                data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()  # no copy on CPU
             except (RuntimeError, TypeError):  # a tensor subclass, sparse or quantized: no bytes to read
                 self._readable = False
                 return

@@ -69,6 +69,8 @@ class Lab:
             options = TuneOptions(**{**options.__dict__, "max_evals": None, "time_budget": None})
         self.session = TuneSession(build, evaluate, example_inputs, options)
         self.base, self.accept, recorded = self.session.measure_baseline()
+        if not self.base.complete:  # no all-low trial settles it here: the noise is measured at once
+            self.base, self.accept = self.session.complete_baseline(self.base)
         inputs = self.session.example_inputs(recorded)
         self.found: Candidates = self.session.find_candidates(inputs)
         self.session.evaluator.inputs = self.found.inputs

@@ -116,7 +116,7 @@ class RunSignature:
                 self._readable = False
                 return
             self._inputs.update(f"{t.dtype} {tuple(t.shape)}\n".encode())
-            self._inputs.update(data)
+            self._inputs.update(data.data)  # the array's buffer (a memoryview)
 
     def finish(self) -> str | None:
         """`<inputs> <generators before> <generators after>`, three digests (hex)."""

@@ -179,9 +179,13 @@ class TuneSession:
         same = low is not None and repeatable(fp32.signature, low.signature)
         if all(self.ranks.gather(same)):
             return dataclasses.replace(base, settled=True), accept, first
-        base = measure_baseline(self._fp32_metric, base.samples)
-        accept = self._accept(base)
+        base, accept = self.complete_baseline(base)
         return base, accept, trials.rejudge(base, accept, frozenset(), first)
+
+    def complete_baseline(self, base: Baseline) -> tuple[Baseline, Acceptance]:
+        """`base` evaluated again until complete (two equal runs, or NOISY_SAMPLES), and its acceptance."""
+        base = measure_baseline(self._fp32_metric, base.samples)
+        return base, self._accept(base)
 
     def _note_noise(self, base: Baseline) -> None:
         if not base.noisy:

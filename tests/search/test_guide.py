@@ -179,3 +179,28 @@ def test_the_guide_runs_fewer_forwards_where_a_forward_costs_a_share_of_an_evalu
     guide = Guide(lambda fp32: calls.append(fp32) or 1.0, max_prefixes=FEW_PREFIXES)
     guide.prefix_errors(list(range(100)))
     assert len(calls) <= FEW_PREFIXES
+
+
+def test_a_plan_already_measured_costs_no_probe_and_lowering_back_moves_on():
+    """The cut saw prefix k-1 fail; lowering back from prefix k proposes that very set first (its last unit
+    is the one the fit likes best). It is answered from memory, the unit is refused, and the bound's probes
+    go to plans not measured yet (a tune on a gauntlet task stopped with one evaluation unspent)."""
+    n = 12
+    true = [1.0, 0.9] + [0.05] * (n - 2)
+    costs = [100.0, 1.0] + [100.0] * (n - 2)
+    error, oracle = quadrature(true, allowed=0.5)
+    calls: list[frozenset] = []
+
+    def test(fp32):
+        calls.append(fp32)
+        return oracle(fp32)
+
+    first = oracle(frozenset())
+    search = PrecisionSearch([1.0] * n, test, costs=costs, all_low_failed=True, all_low_drop=first.drop,
+                             predict=error, extra_probes=3)
+    out = search.run()
+    assert len(calls) == len(set(calls)) == out.evals  # no set evaluated twice; the count is the evaluations
+    assert search.results.keys() == set(calls)
+    assert out.fp32 is not None and {0, 1} <= out.fp32 and oracle(out.fp32).passed
+    again = search.test(frozenset(calls[0]))  # asked again: from memory, not counted
+    assert again == search.results[calls[0]] and search.count == out.evals and len(calls) == out.evals

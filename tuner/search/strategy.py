@@ -134,15 +134,22 @@ class PrecisionSearch:
         self.best: frozenset[int] | None = None
         self.notes: list[str] = []
         self.tested: dict[int, bool] = {}
+        self.results: dict[frozenset[int], Probe] = {}  # every set tested, and its probe
         self.guide = guide if guide is not None else Guide(predict) if predict is not None else None
         self.weight = [finite(s) ** 2 for s in self.scores]  # each item's error, squared (errors add so)
 
     # --- tests ------------------------------------------------------------------------------------------------
     def test(self, fp32: frozenset[int]) -> Probe:
+        """The probe of `fp32`; a set tested before is answered from memory and not counted, so the bound's
+        probes all go to plans not yet measured."""
+        known = self.results.get(fp32)
+        if known is not None:
+            return known
         self.count += 1
         probe = self._test(fp32)
         if isinstance(probe, bool):
             probe = Probe(probe)
+        self.results[fp32] = probe
         if probe.passed and (self.best is None or self._cost(fp32) < self._cost(self.best)):
             self.best = fp32
         return probe
@@ -226,12 +233,14 @@ class PrecisionSearch:
             if not block:
                 return
             trial = keep - set(block)
+            known = trial in self.results  # (a prefix the cut saw fail): no probe spent, and the fit has it
             probe = self.test(trial)
-            self.model.observe_error(self.guide.error(trial), probe.drop)
+            if not known:
+                self.model.observe_error(self.guide.error(trial), probe.drop)
             if probe.passed:
                 keep = trial
-            elif len(block) == 1:
-                refused.add(block[0])
+            elif len(block) == 1 or known:
+                refused.add(block[-1])  # a known result spent nothing: refusing one item keeps the loop moving
 
     def _lower_heavy(self, fp32: list[int]) -> None:
         """With probes left within the bound: try lowering, one at a time, the FP32 instances that cost most

@@ -806,7 +806,7 @@ def evaluate(model):
         p.add_(0.01)
     return float(model(_data(8, 2)).abs().mean())
 """)}))
-    add(Case("option: --max-evals 2 (README: N >= 3)", tune(f"{T}/m.py", "--max-evals", "2"), 2, M))
+    add(Case("option: --max-evals 0 (README: N >= 2)", tune(f"{T}/m.py", "--max-evals", "0"), 2, M))
     add(Case("option: --tolerance nan", tune(f"{T}/m.py", "--tolerance", "nan"), 2, M))
     add(Case("journal: a JSON line that is not an object", tune(f"{T}/m.py", "--resume"), 2, M,
              setup=chain(tuned(), garbage_in_journal(b"[1, 2, 3]"))))

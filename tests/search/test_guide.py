@@ -204,3 +204,26 @@ def test_a_plan_already_measured_costs_no_probe_and_lowering_back_moves_on():
     assert out.fp32 is not None and {0, 1} <= out.fp32 and oracle(out.fp32).passed
     again = search.test(frozenset(calls[0]))  # asked again: from memory, not counted
     assert again == search.results[calls[0]] and search.count == out.evals and len(calls) == out.evals
+
+
+def test_probes_left_go_to_a_trade_of_equally_heavy_units():
+    """Gauntlet task d019: the cut kept heavy unit 0 FP32 and left the more fragile unit 1, as heavy, low.
+    Lowering unit 0 or unit 2 back alone fails; with probes left, the trade brings unit 1 back and sends
+    units 0 and 2 down: a cheaper plan that passes."""
+    true = [0.5, 0.8, 0.5, 0.05, 0.05]
+    costs = [100.0, 100.0, 10.0, 1.0, 1.0]
+    error, oracle = quadrature(true, allowed=0.9)
+    calls: list[frozenset] = []
+
+    def test(fp32):
+        calls.append(fp32)
+        return oracle(fp32)
+
+    search = PrecisionSearch([1.0] * 5, test, costs=costs, all_low_failed=True,
+                             all_low_drop=oracle(frozenset()).drop, predict=error, extra_probes=4)
+    keep = frozenset({0, 2, 3, 4})
+    assert search.test(keep).passed  # the plan the cut found
+    search._lower_guided(sorted(keep))
+    assert frozenset({0, 3, 4}) in calls and frozenset({2, 3, 4}) in calls  # each heavy one alone: fails
+    assert calls[-1] == frozenset({1, 3, 4}) and search.best == frozenset({1, 3, 4})  # the trade, passed
+    assert len(calls) == len(set(calls))

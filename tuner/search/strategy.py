@@ -255,13 +255,15 @@ class PrecisionSearch:
         """Probes left and no FP32 unit goes back alone: trade. A lowered unit returns to FP32 while FP32 units
         of more cost go down (the pool's order, until they outweigh it by GAIN_COST_SHARE): a cheaper plan,
         for the ranking can put one of two equally heavy units first when the other is what the metric
-        needs. The trades of the units whose return lowers the observed error most are weighed (two forwards
-        each), and the one the fit predicts least drop for is tried, while probes are left and the fit
+        needs. Of the lowered units with the most error by the ranking (the guide's units per round), the
+        half whose return lowers the observed error most are weighed (a forward each, and one per trade), and
+        the trade the fit predicts least drop for is tried, while probes are left and the fit
         predicts a drop of at most TRADE_AIM."""
         assert self.guide is not None
         guide, total = self.guide, sum(self.costs) or 1.0
         while self._left() > 0:
-            lowered = [v for v in range(len(self.scores)) if v not in keep]
+            lowered = sorted((v for v in range(len(self.scores)) if v not in keep),
+                             key=lambda v: -self.weight[v])[:guide.max_units]  # the most error, by the ranking
             back = sorted(lowered, key=lambda v: guide.error(keep | {v}))[:max(1, guide.max_units // 2)]
             trades = []
             for v in back:

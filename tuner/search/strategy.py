@@ -27,8 +27,8 @@ With `predict` (a plan's observed output error on the example inputs, one cheap
 forward: tuner.search.guide) the residuals are observed rather than inferred,
 a ranking they contradict is rebuilt from observed effects, prefixes predicted
 to fail like a failed probe cost no evaluation, and lowering back goes in blocks
-the calibrated fit predicts safe (`_lower_guided`), then trades units (`_trade`); without it, one at a time,
-heaviest per unit of error first (`_lower_heavy`).
+the calibrated fit predicts safe (`_lower_guided`), then trades units (`_trade`);
+without it, one at a time, heaviest per unit of error first (`_lower_heavy`).
 `thorough=True` then proves every instance of the prefix necessary by group
 testing (Hwang's generalized binary splitting), at more evaluations.
 """
@@ -253,37 +253,40 @@ class PrecisionSearch:
 
     def _trade(self, keep: frozenset[int]) -> None:
         """Probes left and no FP32 unit goes back alone: trade. A lowered unit returns to FP32 while FP32 units
-        of more cost go down (the pool's order, until they outweigh it by GAIN_COST_SHARE): a cheaper plan,
-        for the ranking can put one of two equally heavy units first when the other is what the metric
-        needs. Of the lowered units with the most error by the ranking (the guide's units per round), the
-        half whose return lowers the observed error most are weighed (a forward each, and one per trade), and
-        the trade the fit predicts least drop for is tried, while probes are left and the fit
-        predicts a drop of at most TRADE_AIM."""
+        of more cost go down (`_traded`): a cheaper plan, for the ranking can put one of two equally heavy
+        units first when the other is what the metric needs. Of the lowered units with the most error by
+        the ranking (the guide's units per round), the half whose return lowers the observed error most are
+        weighed (a forward each, and one per trade); the trade the fit predicts least drop for is tried,
+        while probes are left and the fit predicts a drop of at most TRADE_AIM."""
         assert self.guide is not None
-        guide, total = self.guide, sum(self.costs) or 1.0
+        guide = self.guide
         while self._left() > 0:
             lowered = sorted((v for v in range(len(self.scores)) if v not in keep),
                              key=lambda v: -self.weight[v])[:guide.max_units]  # the most error, by the ranking
             back = sorted(lowered, key=lambda v: guide.error(keep | {v}))[:max(1, guide.max_units // 2)]
             trades = []
-            for v in back:
-                block: list[int] = []
-                for i in self._pool(keep | {v}, {v}):
-                    block.append(i)
-                    if sum(self.costs[j] for j in block) - self.costs[v] >= GAIN_COST_SHARE * total:
-                        trial = (keep | {v}) - set(block)
-                        if trial not in self.results:
-                            drop = self.model.predicted_drop(guide.error(trial))
-                            if drop is not None and drop <= TRADE_AIM:
-                                trades.append((drop, trial))
-                        break
+            for trial in (self._traded(keep, v) for v in back):
+                drop = None if trial is None else self.model.predicted_drop(guide.error(trial))
+                if trial is not None and drop is not None and drop <= TRADE_AIM:
+                    trades.append((drop, self._cost(trial), trial))
             if not trades:
                 return
-            trial = min(trades, key=lambda t: (t[0], self._cost(t[1])))[1]
+            trial = min(trades, key=lambda t: t[:2])[2]
             probe = self.test(trial)
             self.model.observe_error(guide.error(trial), probe.drop)
             if probe.passed:
                 keep = trial
+
+    def _traded(self, keep: frozenset[int], v: int) -> frozenset[int] | None:
+        """`keep` with lowered unit `v` back in FP32 and, in the pool's order, as many FP32 units lowered as
+        outweigh it by GAIN_COST_SHARE of the cost; None when they cannot, or the plan was measured before."""
+        base, total, block = keep | {v}, sum(self.costs) or 1.0, []
+        for i in self._pool(base, {v}):
+            block.append(i)
+            if sum(self.costs[j] for j in block) - self.costs[v] >= GAIN_COST_SHARE * total:
+                trial = base - set(block)
+                return None if trial in self.results else trial
+        return None
 
     def _lower_heavy(self, fp32: list[int]) -> None:
         """With probes left within the bound: try lowering, one at a time, the FP32 instances that cost most

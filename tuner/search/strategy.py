@@ -280,10 +280,13 @@ class PrecisionSearch:
     def _traded(self, keep: frozenset[int], v: int) -> frozenset[int] | None:
         """`keep` with lowered unit `v` back in FP32 and, in the pool's order, as many FP32 units lowered as
         outweigh it by GAIN_COST_SHARE of the cost; None when they cannot, or the plan was measured before."""
-        base, total, block = keep | {v}, sum(self.costs) or 1.0, []
+        base, total = keep | {v}, sum(self.costs) or 1.0
+        block: list[int] = []
+        gain = -self.costs[v]
         for i in self._pool(base, {v}):
             block.append(i)
-            if sum(self.costs[j] for j in block) - self.costs[v] >= GAIN_COST_SHARE * total:
+            gain += self.costs[i]
+            if gain >= GAIN_COST_SHARE * total:
                 trial = base - set(block)
                 return None if trial in self.results else trial
         return None

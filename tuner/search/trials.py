@@ -10,7 +10,7 @@ from tuner.options.tune import TuneOptions
 from tuner.policy.plan import OpInstance
 from tuner.search.candidates import Candidates
 from tuner.search.changes import Change
-from tuner.search.evaluator import Evaluator, trial_key
+from tuner.search.evaluator import Evaluator
 from tuner.search.noise import Acceptance, Baseline
 from tuner.search.plans import plan_for
 from tuner.search.results import StopReason, Trial
@@ -61,9 +61,9 @@ class SearchTrials:
         it ran): its Probe, and its Trial in the evaluator's list, pass only if `accept` confirms its metric.
         Later trials are judged with `base` and `accept`."""
         self.base, self.accept = base, accept
-        key = trial_key(tuple(sorted(c.label() for c in self.found.pick(fp32_idx))))
+        labels = tuple(sorted(c.label() for c in self.found.pick(fp32_idx)))  # as Trial.fp32 holds them
         runs = self.evaluator.trials
-        at = next((i for i, t in enumerate(runs) if not t.baseline and trial_key(t.fp32) == key), None)
+        at = next((i for i, t in enumerate(runs) if not t.baseline and t.fp32 == labels), None)
         if at is None:  # not evaluated (an all-low plan that overflows): nothing to judge again
             return probe
         trial = runs[at] = dataclasses.replace(runs[at], passed=accept.confirms(runs[at].metric))

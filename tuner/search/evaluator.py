@@ -145,6 +145,9 @@ class Evaluator:
         self._uses: ParameterUses | None | object = _UNOBSERVED  # for `lowered`'s prediction
         self._looked: tuple[Plan, Any, float] | None = None  # first_look's plan, output and seconds
         self.forward_s = 0.0  # the seconds of output_error's last forward
+        # record each evaluation's signature (tuner.search.repeatable): only the baseline's and the all-low
+        # trial's are compared, so TuneSession.settle_noise turns it off (it hashes every input fed)
+        self.signing = True
 
     def baseline(self) -> Trial:
         """One more run of the FP32 model as built. Not bounded; an evaluate that raises or gives no finite
@@ -216,9 +219,10 @@ class Evaluator:
         lowered = None if plan is None else self.lowered(plan)
         with self.keeper.borrowed("evaluate", lowered=lowered) as model:
             t0 = time.monotonic()
-            signature = RunSignature(self._evaluate)
+            signature = RunSignature(self._evaluate) if self.signing else None
             count = _ForwardCount(model, signature)
-            signature.start()
+            if signature is not None:
+                signature.start()
             try:
                 with self._deployed(model, plan):
                     metric = _to_float(self._evaluate(model))
@@ -230,7 +234,7 @@ class Evaluator:
                 error = _describe(exc)
             finally:
                 count.remove()
-                digest = signature.finish()
+                digest = None if signature is None else signature.finish()
                 self.keeper.guard.restore("evaluate")  # the next evaluation starts from the state the run did
             secs = time.monotonic() - t0
             if metric is not None and self.ranks.distributed:

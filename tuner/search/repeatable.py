@@ -2,7 +2,8 @@
 
 An evaluate's metric can differ between two runs of the same model only through what it feeds the model
 and what it draws at random (a model in eval mode computes the same output from the same input on the
-same machine). So every evaluation records a `RunSignature`: a digest of each tensor it passed to the
+same machine). So the evaluations that decide it (the baseline and the all-low trial) record a
+`RunSignature`: a digest of each tensor it passed to the
 model's forward (dtype, shape, bytes, in call order) and of the random number generators it moved
 (torch's CPU generator, Python's `random` and NumPy's global ones, and the generators evaluate's module
 and closure hold, such as a `random.Random(0)` at module level: untouched, or the state it left, which is

@@ -57,8 +57,9 @@ class Trial:
     them its plan records once the overrides that change nothing are dropped (None: not known). `fed`
     counts the tensor elements evaluate passed to the model's forward (None: not known), which sizes the
     search's guide the same way in every run (tuner.search.guide.guide_limits). `signature` digests what
-    evaluate fed the model and drew at random (tuner.search.repeatable; None: not known): two runs with the
-    same one give the same metric.
+    evaluate fed the model and drew at random (tuner.search.repeatable; None: not read, or not recorded:
+    only the evaluations until the baseline is settled record one): two runs with the same one give the same
+    metric.
     """
 
     n: int

@@ -171,6 +171,7 @@ class TuneSession:
         evaluate costs one FP32 run; else the baseline is evaluated again (more when noisy) and the all-low trial is
         judged again with the noise margin. Under torchrun only when every rank's signatures agree.
         `first`: the all-low trial's probe, as judged."""
+        self.evaluator.signing = False  # the two signatures compared are in; later ones would not be read
         if base.complete:
             return base, accept, first
         runs = self.evaluator.trials

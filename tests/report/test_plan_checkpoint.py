@@ -106,3 +106,21 @@ def test_attach_detach_and_hybrid_equals_engine():
     tuner.detach(a)
     with torch.no_grad():
         assert torch.equal(a(x), task.build()(x))  # back to plain FP32
+
+
+def test_the_check_after_writing_hashes_the_whole_file_as_it_reads_it(tmp_path):
+    """plan.yaml's checkpoint sha256 comes from the check's own read of the file (no second read of
+    gigabytes): the digest is the file's, and a check that does not run gives none (hashed apart then)."""
+    from tuner.core.fingerprint import sha256_file
+
+    task = PlantedTask(16, 1)
+    model = task.build()
+    plan = Plan(dtype="bf16", preset="torch-cpu")
+    checked = save_checkpoint(model, plan, task.example_inputs(), tmp_path / "a.safetensors", check=True)
+    assert checked.sha256 == sha256_file(tmp_path / "a.safetensors") and checked.lowered > 0
+    unchecked = save_checkpoint(model, plan, task.example_inputs(), tmp_path / "b.safetensors")
+    assert unchecked.sha256 is None and "sha256" not in unchecked.to_dict()
+    tied = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+    tied[1].weight = tied[0].weight  # one tensor, two names: the file holds it once
+    info = save_checkpoint(tied, plan, (torch.randn(2, 8),), tmp_path / "c.safetensors", check=True)
+    assert info.sha256 == sha256_file(tmp_path / "c.safetensors")

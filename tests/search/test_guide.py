@@ -157,30 +157,6 @@ def test_a_real_tune_is_guided_and_reports_only_evaluated_plans():
     assert {i.label() for i in result.plan.fp32_instances} <= set(chosen.fp32)
 
 
-def test_the_guide_runs_fewer_forwards_where_a_forward_costs_a_share_of_an_evaluation():
-    from tuner.search.guide import (
-        FEW_PREFIXES,
-        FEW_UNITS,
-        MAX_IMPROVE_UNITS,
-        MAX_PREFIXES,
-        MIN_PREFIXES,
-        MIN_UNITS,
-        guide_limits,
-    )
-
-    assert guide_limits(5e6, 1.0) == (MAX_PREFIXES, MAX_IMPROVE_UNITS)  # a tiny model: cheap in FLOPs
-    assert guide_limits(3e11, 64.0) == (MAX_PREFIXES, MAX_IMPROVE_UNITS)  # evaluate runs 64 such forwards
-    assert guide_limits(3e11, 40.0) == (FEW_PREFIXES, FEW_UNITS)  # a 1.1B LM scored on 40 batches
-    assert guide_limits(3e11, 12.0) == (6, MIN_UNITS)  # on 12 batches: the prefixes cost ~half an evaluate
-    assert guide_limits(3e11, 2.0) == (MIN_PREFIXES, MIN_UNITS)  # an evaluate of two forwards: the least
-    prefixes, _ = guide_limits(3e11, 12.0)
-    assert (prefixes - 1) <= 12.0  # the forwards past the all-low one (known) fit in an evaluation
-    calls = []
-    guide = Guide(lambda fp32: calls.append(fp32) or 1.0, max_prefixes=FEW_PREFIXES)
-    guide.prefix_errors(list(range(100)))
-    assert len(calls) <= FEW_PREFIXES
-
-
 def test_a_plan_already_measured_costs_no_probe_and_lowering_back_moves_on():
     """The cut saw prefix k-1 fail; lowering back from prefix k proposes that very set first (its last unit
     is the one the fit likes best). It is answered from memory, the unit is refused, and the bound's probes

@@ -90,3 +90,39 @@ def test_an_evaluate_that_changes_a_held_parameter_is_undone(monkeypatch):
     with keeper.borrowed(lowered={"0.weight": torch.bfloat16}) as model:  # held again, from the rebuilt model
         assert torch.equal(model[0].weight.data, ref["0.weight"].to(torch.bfloat16))
     assert all(torch.equal(ref[k], v) for k, v in keeper.model.state_dict().items()) and keeper.rebuilds == 1
+
+
+def test_holding_packs_once_for_the_verifying_forward_and_the_checkpoint(monkeypatch, tmp_path):
+    """The report's verifying forward and the checkpoint written after it hold the same parameters lowered:
+    through the keeper's holding they are packed once and the file holds the bits the trials ran with."""
+    from tuner.core.inputs import ModelInputs
+    from tuner.policy.plan import Plan
+    from tuner.report.checkpoint import save_checkpoint
+
+    packs: list[int] = []
+    real_pack = held_module.pack
+    monkeypatch.setattr(held_module, "pack", lambda p, d: packs.append(1) or real_pack(p, d))
+    keeper = ModelKeeper(build)
+    ref = {k: v.clone() for k, v in keeper.model.state_dict().items()}
+    lowered = {"0.weight": torch.bfloat16, "2.weight": torch.bfloat16}
+    with keeper.borrowed(lowered=lowered):  # the last trial held them
+        pass
+    assert len(packs) == 2
+    model = keeper.model  # a plain use (the FP32 timing) puts them back
+    assert model[0].weight.dtype == torch.float32
+    with keeper.holding(model, lowered) as held:
+        assert held is model and held[0].weight.dtype == torch.bfloat16
+    assert held[0].weight.dtype == torch.bfloat16  # still held after the block
+    save_checkpoint(keeper.modules, Plan(dtype="bf16", preset="torch-cpu"), ModelInputs(), tmp_path / "m.safetensors",
+                    lowered=lowered, check=True, hold=keeper.holding)
+    assert len(packs) == 4  # the two parameters once more, not twice more
+    from safetensors.torch import load_file
+
+    saved = load_file(str(tmp_path / "m.safetensors"))
+    assert saved["0.weight"].dtype == torch.bfloat16 and torch.equal(saved["0.weight"], ref["0.weight"].bfloat16())
+    assert torch.equal(saved["0.bias"], ref["0.bias"])
+    assert all(torch.equal(ref[k].view(torch.int32), v.view(torch.int32))
+               for k, v in keeper.model.state_dict().items())  # and the model comes back as built
+    with pytest.raises(ValueError, match="not the keeper's"):
+        with keeper.holding(build(), lowered):
+            pass

@@ -108,8 +108,9 @@ def tune_into_folder(user: UserModel, options: TuneOptions, out: str | Path, *, 
             return TuneRun(result, path, None)
         ref = _model_ref(user, folder, keeper, specs, options)
         withdraw_plan(folder.path)  # an interrupt while measuring leaves no plan.yaml, as one while writing
-        report = measure_report(result, keeper.model, model_ref=ref, device=options.device, latency=latency)
-        report = write_outputs(result, report, folder.path, model=keeper.model)
+        report = measure_report(result, keeper.model, model_ref=ref, device=options.device, latency=latency,
+                                hold=keeper.holding)  # the lowered weights packed once for verifying and writing
+        report = write_outputs(result, report, folder.path, model=keeper.modules, hold=keeper.holding)
         return TuneRun(result, folder.path, report)
 
 

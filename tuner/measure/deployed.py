@@ -14,8 +14,9 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -221,14 +222,20 @@ def stored_as(model: nn.Module, dtypes: Mapping[str, torch.dtype]) -> Iterator[n
         held.release()
 
 
+Holding = Callable[[nn.Module, Mapping[str, torch.dtype]], AbstractContextManager[nn.Module]]
+"""How a caller holds a model's parameters lowered for a block: `stored_as`, or the model keeper's own holding
+(`tuner.workspace.keeper`), which keeps them held after the block so the next block needs no packing."""
+
+
 def verify(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, lowered: Mapping[str, torch.dtype],
            claimed: Mapping[str, AbstractSet[torch.dtype]],
-           tolerated: Mapping[str, AbstractSet[torch.dtype]]) -> Observation:
+           tolerated: Mapping[str, AbstractSet[torch.dtype]], *, hold: Holding = stored_as) -> Observation:
     """The deployed forward (the model as the trials ran it: `lowered` stored lowered, the plan attached),
     after checking that its matmuls/convs ran in the dtypes the plan claims: `claimed` (module path -> the
     dtypes its matmul/conv ops computed in under the plan; `tolerated`: the dtypes of its other ops, whose
-    kernels may multiply matrices too). NotAsClaimed, naming the modules, when they did not."""
-    with stored_as(model, lowered):
+    kernels may multiply matrices too). NotAsClaimed, naming the modules, when they did not. `hold`: how
+    `lowered` is held (`Holding`)."""
+    with hold(model, lowered):
         seen = observe(model, plan, inputs)
     problems = gemm_mismatches(seen.gemms, claimed, tolerated)
     if problems:

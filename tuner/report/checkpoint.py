@@ -9,6 +9,7 @@ included, stays as it was. Loading never unpickles anything.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from tuner.core.output_files import CHECKPOINT_NAME, PLAN_NAME, SHARDED_CHECKPOI
 from tuner.core.sharding import Sharding
 from tuner.engine.attach import attach, check_plan_fits
 from tuner.engine.kind import EngineKind
-from tuner.measure.deployed import NotAsClaimed, stored_as, verify, weight_dtypes
+from tuner.measure.deployed import Holding, NotAsClaimed, stored_as, verify, weight_dtypes
 from tuner.measure.recorded import PlanRecord, record_plan
 from tuner.measure.shares import Shares
 from tuner.policy.plan import Plan
@@ -42,6 +43,7 @@ class CheckpointInfo:
     lowered: int
     bytes: int
     fp32_bytes: int  # the same state dict with every floating-point tensor in FP32
+    sha256: str | None = None  # the file's, when the check after writing read all of it (not in report.json)
 
     def __post_init__(self) -> None:
         if min(self.lowered, self.bytes, self.fp32_bytes) < 0:
@@ -83,11 +85,12 @@ def plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, *,
     return PlanPass(found, record.shares, record.claimed, record.tolerated)
 
 
-def verify_plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, planned: PlanPass) -> Any:
+def verify_plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, planned: PlanPass, *,
+                     hold: Holding = stored_as) -> Any:
     """The deployed forward's output (the model as the trials ran it), after checking that its matmuls/convs
     ran in the dtypes the plan claims (`tuner.measure.deployed.verify`: NotAsClaimed, an internal error
-    naming the modules, when not)."""
-    return verify(model, plan, inputs, planned.lowered, planned.claimed, planned.tolerated).output
+    naming the modules, when not). `hold`: how the lowered parameters are held (`deployed.Holding`)."""
+    return verify(model, plan, inputs, planned.lowered, planned.claimed, planned.tolerated, hold=hold).output
 
 
 def check_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, path: str | Path,
@@ -105,8 +108,10 @@ def check_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, 
         _check_stored(model, path)
 
 
-def _check_stored(model: nn.Module, path: str | Path) -> None:
-    """check_checkpoint's comparison, on `model` already held as the trials held it (inside `stored_as`)."""
+def _check_stored(model: nn.Module, path: str | Path) -> str | None:
+    """check_checkpoint's comparison, on `model` already held as the trials held it (inside `stored_as`).
+    Returns the file's sha256 when the comparison read every byte of it in order (safetensors leaves no
+    holes), so the plan's digest needs no second read of a file of gigabytes; else None."""
     with safe_open(str(path), framework="pt") as fh:  # the header parses as tuner.load will parse it
         names = set(fh.keys())
     missing = sorted(set(model.state_dict(keep_vars=True)) - names)  # (no tensor kept: stored_as packs in place)
@@ -114,12 +119,31 @@ def _check_stored(model: nn.Module, path: str | Path) -> None:
         raise NotAsClaimed(f"the model loaded from {Path(path).name} does not reproduce the tuned model's output bit "
                            f"for bit (an mpt bug): {missing[0]} is missing")
     state = model.state_dict()
-    for name, dtype, shape, same in _file_tensors(path):
+    digest = _Digest()
+    for name, dtype, shape, same in _file_tensors(path, digest):
         problem = _differs(dtype, shape, same, state[name].detach().cpu()) if name in state else \
             "is in the file, not in the model"
         if problem:
             raise NotAsClaimed(f"the model loaded from {Path(path).name} does not reproduce the tuned model's "
                                f"output bit for bit (an mpt bug): {name} {problem}")
+    return digest.whole(Path(path).stat().st_size)
+
+
+class _Digest:
+    """sha256 of the bytes a check reads, in file order; whole only if they were all of the file's."""
+
+    def __init__(self) -> None:
+        self._h = hashlib.sha256()
+        self._at = 0  # the next byte of the file expected
+        self._gap = False
+
+    def add(self, at: int, data: Any) -> None:
+        self._gap |= at != self._at
+        self._h.update(data)
+        self._at = at + memoryview(data).nbytes
+
+    def whole(self, size: int) -> str | None:
+        return None if self._gap or self._at != size else self._h.hexdigest()
 
 
 _FILE_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
@@ -128,12 +152,16 @@ _FILE_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat
 _READ = 1 << 24  # bytes compared at a time
 
 
-def _file_tensors(path: str | Path) -> Iterator[tuple[str, str, tuple[int, ...], Callable[[Tensor], bool]]]:
+def _file_tensors(path: str | Path, digest: _Digest) -> Iterator[tuple[str, str, tuple[int, ...],
+                                                                      Callable[[Tensor], bool]]]:
     """(name, safetensors dtype, shape, same) for each tensor in a safetensors file, in file order: `same(t)`
-    reads the tensor's bytes in slices and says whether they are `t`'s."""
+    reads the tensor's bytes in slices and says whether they are `t`'s. Every byte read goes into `digest`."""
     with open(path, "rb") as fh:
-        size = int.from_bytes(fh.read(8), "little")
-        header = json.loads(fh.read(size))
+        head = fh.read(8)
+        size = int.from_bytes(head, "little")
+        raw = fh.read(size)
+        digest.add(0, head + raw)
+        header = json.loads(raw)
         header.pop("__metadata__", None)
         buf = torch.empty(_READ, dtype=torch.uint8)
 
@@ -146,6 +174,7 @@ def _file_tensors(path: str | Path) -> Iterator[tuple[str, str, tuple[int, ...],
                 n = min(_READ, end - begin - at)
                 if fh.readinto(buf[:n].numpy()) != n or not torch.equal(buf[:n], flat[at:at + n]):  # type: ignore[arg-type]
                     return False
+                digest.add(8 + size + begin + at, buf[:n].numpy())
             return True
 
         for name, info in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
@@ -166,7 +195,8 @@ def lowered_parameters(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple
 
 
 def save_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, path: str | Path, *,
-                    lowered: Mapping[str, torch.dtype] | None = None, check: bool = False) -> CheckpointInfo:
+                    lowered: Mapping[str, torch.dtype] | None = None, check: bool = False,
+                    hold: Holding = stored_as) -> CheckpointInfo:
     """Write the converted state dict; returns how many parameters it lowered and its size.
 
     No copy of the model is made: tensors are written from the model's own
@@ -175,13 +205,14 @@ def save_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, p
     tied weight, a tensor off the CPU or a parameter that cannot be packed is
     copied). `lowered` is `plan_pass(...).lowered` when the caller
     already ran that pass; otherwise it runs here. `check`: then `check_checkpoint`s the file written, in the
-    same packing of the weights (the lowered parameters packed once, not twice).
+    same packing of the weights (the lowered parameters packed once, not twice). `hold`: how the lowered
+    parameters are held (`deployed.Holding`; the tune's keeper leaves them held for what comes next).
     """
     if lowered is None:
         lowered = lowered_parameters(model, plan, inputs)
     fp32_bytes = sum(t.numel() * (4 if t.is_floating_point() else t.element_size())
                      for t in model.state_dict(keep_vars=True).values())
-    with stored_as(model, lowered):  # the lowered parameters as the trials held them: bf16 packed in place
+    with hold(model, lowered):  # the lowered parameters as the trials held them: bf16 packed in place
         tensors: dict[str, Tensor] = {}
         spans: dict[tuple[str, int], list[tuple[int, int]]] = {}
         for name, t in model.state_dict().items():
@@ -190,9 +221,9 @@ def save_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, p
         # (its sha256 in plan.yaml) must be the same for the same weights. Which tensors were lowered is their dtype.
         atomic_write(path, functools.partial(_save, tensors))
         tensors.clear()  # views of packed storages: gone before they are unpacked
-        if check:
-            _check_stored(model, path)
-    return CheckpointInfo(lowered=len(lowered), bytes=Path(path).stat().st_size, fp32_bytes=fp32_bytes)
+        sha256 = _check_stored(model, path) if check else None
+    return CheckpointInfo(lowered=len(lowered), bytes=Path(path).stat().st_size, fp32_bytes=fp32_bytes,
+                          sha256=sha256)
 
 
 def _save(tensors: dict[str, Tensor], path: str | Path) -> None:

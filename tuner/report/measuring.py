@@ -18,6 +18,7 @@ from torch import nn
 from tuner.core.inputs import ModelInputs
 from tuner.engine.attach import attach, attached, detach
 from tuner.engine.native import Execution
+from tuner.measure.deployed import Holding, stored_as
 from tuner.policy.plan import ModelRef, Plan
 from tuner.report.checkpoint import plan_pass, verify_plan_pass
 from tuner.report.latency import Latency, TooSlowToTime, compare_latency
@@ -26,21 +27,24 @@ from tuner.search.results import TuneResult, TuneStatus
 
 
 def measure_report(result: TuneResult, model: nn.Module, *, model_ref: ModelRef | None = None, device: str = "cpu",
-                   latency: bool = True, decide: Callable[[bool], bool] | None = None) -> TuneReport:
+                   latency: bool = True, decide: Callable[[bool], bool] | None = None,
+                   hold: Holding = stored_as) -> TuneReport:
     """The TuneReport of `result`'s plan on `model` (see the module docstring); nothing is written.
 
     `model_ref` is the model the plan was made for, recorded in the plan.
     `latency=False` skips the timing (`latency` is None, report.json's `latency_ms` null).
     A sharded model is measured by every rank together (its forwards are collective): `decide` is rank 0's
-    decision broadcast, so the timing stops on every rank at once (`compare_latency`).
+    decision broadcast, so the timing stops on every rank at once (`compare_latency`). `hold`: how the
+    verifying forward holds the lowered parameters (`deployed.Holding`); it runs after the timing, which
+    needs the FP32 weights, so a holding that stays (the tune's keeper) is packed once for it and the checkpoint.
     """
     t0 = time.monotonic()
     inputs = ModelInputs() if result.inputs is None else ModelInputs.of(result.inputs)
     planned = plan_pass(model, result.plan, inputs, lowered=result.lowered, recorded=result.recorded)
-    verify_plan_pass(model, result.plan, inputs, planned)  # what the report claims is what ran, and loads
-    plan = dataclasses.replace(result.plan, model=model_ref)
     warnings = list(result.warnings)
     timing = _latency(model, result, inputs, device, warnings, decide) if latency else None
+    verify_plan_pass(model, result.plan, inputs, planned, hold=hold)  # what the report claims is what ran, and loads
+    plan = dataclasses.replace(result.plan, model=model_ref)
     # the chosen trial's shares as measured under the final plan: the same numbers as the summary's
     trials = tuple(dataclasses.replace(t, shares=planned.shares) if t.n == result.chosen else t
                    for t in result.trials)

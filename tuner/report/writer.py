@@ -40,6 +40,7 @@ from tuner.core.output_files import (
     SHARDED_CHECKPOINT_NAME,
     STAGING_NAME,
 )
+from tuner.measure.deployed import Holding, stored_as
 from tuner.policy.presets import write_op_list
 from tuner.report.checkpoint import CheckpointInfo, save_checkpoint
 from tuner.report.json_report import report_json
@@ -76,7 +77,7 @@ def withdraw_plan(out: str | Path) -> None:
 
 
 def write_outputs(result: TuneResult, report: TuneReport, out: str | Path, *, model: nn.Module,
-                  shards: SavedShards | None = None) -> TuneReport:
+                  shards: SavedShards | None = None, hold: Holding = stored_as) -> TuneReport:
     """Write the outputs as a set (see the module docstring); returns the report as written.
 
     `report` is `measure_report(result, model, ...)`. `model` is the FP32 model
@@ -84,7 +85,8 @@ def write_outputs(result: TuneResult, report: TuneReport, out: str | Path, *, mo
     made), the parameters `report.lowered` names stored in the lower dtype. The
     returned report adds the checkpoint's info, its sha256 in the plan and the
     time spent writing. `shards`: a sharded model's checkpoint, already written by every rank
-    (`tuner.report.sharded`), committed with the rest instead of `model`'s.
+    (`tuner.report.sharded`), committed with the rest instead of `model`'s. `hold`: how the lowered
+    parameters are held while written (`deployed.Holding`).
     """
     out = Path(out)
     manifest = Manifest(out)
@@ -94,7 +96,7 @@ def write_outputs(result: TuneResult, report: TuneReport, out: str | Path, *, mo
         stage = Path(tempfile.mkdtemp(prefix=f"{STAGING_NAME}-", dir=out))
         manifest.add_staging(stage.name)  # a kill from here on leaves it for the next run to remove
     try:
-        report = _write_staged(result, report, stage, out, model=model, shards=shards)
+        report = _write_staged(result, report, stage, out, model=model, shards=shards, hold=hold)
         names = [name for name in COMMITTED if (stage / name).exists()]
         digests = {name: report.plan.checkpoint_sha256 if name == CHECKPOINT_NAME and shards is None
                    else tree_sha256(stage / name) for name in names}
@@ -118,7 +120,7 @@ def write_outputs(result: TuneResult, report: TuneReport, out: str | Path, *, mo
 
 
 def _write_staged(result: TuneResult, report: TuneReport, stage: Path, out: Path, *,
-                  model: nn.Module, shards: SavedShards | None) -> TuneReport:
+                  model: nn.Module, shards: SavedShards | None, hold: Holding) -> TuneReport:
     """Every committed file into `stage`, in the committed order; OSError -> OutputError naming the file."""
     t0 = time.monotonic()
     lower, fp32 = op_lists(result)
@@ -131,7 +133,7 @@ def _write_staged(result: TuneResult, report: TuneReport, stage: Path, out: Path
         info = CheckpointInfo(lowered=shards.lowered, bytes=shards.bytes, fp32_bytes=shards.fp32_bytes)
         report = report.written(info, digest, time.monotonic() - t0)
     else:
-        report = _write_checkpoint(result, report, stage, out, model=model, t0=t0)
+        report = _write_checkpoint(result, report, stage, out, model=model, t0=t0, hold=hold)
     with _writing(out, PLAN_NAME):
         report.plan.save(stage / PLAN_NAME, header=plan_header(result))
     renderers = ((REPORT_JSON_NAME, report_json), (SEARCH_PAGE_NAME, search_page),
@@ -143,11 +145,11 @@ def _write_staged(result: TuneResult, report: TuneReport, stage: Path, out: Path
 
 
 def _write_checkpoint(result: TuneResult, report: TuneReport, stage: Path, out: Path, *, model: nn.Module,
-                      t0: float) -> TuneReport:
+                      t0: float, hold: Holding) -> TuneReport:
     """model.safetensors into `stage`, checked against the trials' weights; the report with its info."""
     with _writing(out, CHECKPOINT_NAME):
         # checked: the checkpoint loads and gives the bits the trials gave (else an mpt bug)
         info = save_checkpoint(model, report.plan, ModelInputs(), stage / CHECKPOINT_NAME, lowered=report.lowered,
-                               check=result.inputs is not None)
-        digest = tree_sha256(stage / CHECKPOINT_NAME)
+                               check=result.inputs is not None, hold=hold)
+        digest = info.sha256 or tree_sha256(stage / CHECKPOINT_NAME)  # the check read the file: hashed as it read
     return report.written(info, digest, time.monotonic() - t0)

@@ -17,31 +17,12 @@ import math
 import time
 from collections.abc import Callable, Sequence
 
+from tuner.search.budget import MAX_IMPROVE_UNITS, MAX_PREFIXES
 from tuner.search.calibration import ErrorModel, finite
 
 SAME_ERROR = 0.02  # a prefix whose output error is within 2% of a failed one's is predicted to fail too
 MISLEADS = 0.9  # a ranking misleads when half of its predicted error is removed and the observed falls < 10%
 IMPROVE_AIM = 0.85  # lower units back while the predicted drop stays under this share of the allowed drop
-MAX_PREFIXES = 64  # prefixes observed one by one; more are sampled and interpolated
-MAX_IMPROVE_UNITS = 16  # units weighed for lowering back per round (one forward each)
-FEW_PREFIXES, FEW_UNITS = 16, 4  # where a forward costs a noticeable share of an evaluation: at most these
-MIN_PREFIXES, MIN_UNITS = 4, 2  # and at least these, however slow a forward is
-GUIDE_EVALS = 0.5  # where forwards are dear, the prefixes observed cost about this many evaluations
-CHEAP_FORWARD_FLOPS = 2e9  # a forward of under 2 GFLOP: MAX_PREFIXES of them take seconds, not worth limiting
-
-
-def guide_limits(forward_flops: float, evaluate_forwards: float) -> tuple[int, int]:
-    """(prefixes, units per round) for a forward of `forward_flops` on the example inputs, one evaluate being
-    worth `evaluate_forwards` such forwards. The full limits when a forward is cheap (under
-    CHEAP_FORWARD_FLOPS, or under 1/64 of an evaluate), so small models are guided the same way on any machine.
-    Else as many prefixes as GUIDE_EVALS evaluations buy (FEW_PREFIXES at most, MIN_PREFIXES at least) and a
-    quarter as many units per lowering round, so that on a large model, where one forward costs a share of an
-    evaluation, the guide stays a small share of the tune (issue 20). Both inputs are counts, not seconds, so
-    a rerun of the same command takes the same path (TuneSession.guide: elements evaluate fed the model)."""
-    if forward_flops <= CHEAP_FORWARD_FLOPS or evaluate_forwards >= MAX_PREFIXES:
-        return MAX_PREFIXES, MAX_IMPROVE_UNITS
-    prefixes = min(FEW_PREFIXES, max(MIN_PREFIXES, int(GUIDE_EVALS * evaluate_forwards)))
-    return prefixes, min(FEW_UNITS, max(MIN_UNITS, prefixes // 4))
 
 
 class Guide:

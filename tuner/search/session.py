@@ -32,12 +32,13 @@ from tuner.measure.recorded import PlanRecord, record_plan
 from tuner.options.tune import RankMethod, TuneOptions
 from tuner.policy.plan import OpInstance
 from tuner.policy.presets import load_preset
+from tuner.search.budget import FULL, MAX_PROBES, AidLimits, aid_limits
 from tuner.search.builtin_metric import builtin_evaluate
 from tuner.search.candidates import Candidates, find_candidates
 from tuner.search.changes import Change
 from tuner.search.distributed import Ranks, SharedJournal
 from tuner.search.evaluator import Bounds, Evaluator
-from tuner.search.guide import Guide, guide_limits
+from tuner.search.guide import Guide
 from tuner.search.noise import Acceptance, Baseline, coarse_metric_note, measure_baseline
 from tuner.search.plans import plan_for
 from tuner.search.repeatable import repeatable
@@ -119,8 +120,9 @@ class TuneSession:
                 chosen = frozenset()
                 self.notes.append("everything eligible passes in the lower precision")
             elif found.instances:
-                scores = self.rank(found)
-                chosen, stopped = self.search(found, scores, trials, first, low)
+                limits = self.aid_limits(found, low)
+                scores = self.rank(found, limits.probes)
+                chosen, stopped = self.search(found, scores, trials, first, low, limits)
         except SearchStopped as stop:
             stopped = stop.reason  # type: ignore[assignment]
         except (KeyboardInterrupt, Interrupted):
@@ -274,24 +276,35 @@ class TuneSession:
             "something else than the outputs; make evaluate compute its metric from model(...)",
             where=user_site(self.evaluator.evaluate_fn))
 
-    def rank(self, found: Candidates) -> dict[OpInstance, float]:
-        """Score every candidate by the error it adds to the output, from cheap passes on the example inputs."""
+    def aid_limits(self, found: Candidates, low: LowForward | None) -> AidLimits:
+        """What the ranking and the guide may spend (`tuner.search.budget`), rank 0's on every rank (the
+        ranking's passes are collective on a sharded model)."""
+        forwards = self._evaluate_forwards(found, 0.0 if low is None else low[1])
+        return self.ranks.broadcast(aid_limits(sum(found.flops.values()), forwards))
+
+    def rank(self, found: Candidates, probes: int = MAX_PROBES) -> dict[OpInstance, float]:
+        """Score every candidate by the error it adds to the output, from cheap passes on the example inputs
+        (`probes`: the gradient ranking's backward passes)."""
         method = RankMethod(self.options.rank)
 
         def progress(done: int, total: int) -> None:
             self.emit(TuneEvent(EventKind.RANK, RankProgress(method, done, total)))
 
-        scorer = rank_gradient if method is RankMethod.GRADIENT else rank_exact
         self.ranks.same([c.label() for c in found.instances], "op instances to tune")
         with self.keeper.borrowed() as model, compact_heap():  # its graph fragmented the heap (tuner.core.heap)
-            scores = scorer(model, found.inputs, self.policy, self.dtype, list(found.instances), found.ref_out,
-                            progress)
+            if method is RankMethod.GRADIENT:
+                scores = rank_gradient(model, found.inputs, self.policy, self.dtype, list(found.instances),
+                                       found.ref_out, progress, probes=probes)
+            else:
+                scores = rank_exact(model, found.inputs, self.policy, self.dtype, list(found.instances),
+                                    found.ref_out, progress)
             if Sharding.of(model).sharded:  # each rank scored through its shards: the mean over the ranks
                 return self.ranks.mean(scores)
             return self.ranks.broadcast(scores)  # every rank searches in rank 0's order
 
     def search(self, found: Candidates, scores: Scores, trials: SearchTrials, first: Probe,
-               low: LowForward | None) -> tuple[frozenset[OpInstance] | None, StopReason | None]:
+               low: LowForward | None, limits: AidLimits = FULL
+               ) -> tuple[frozenset[OpInstance] | None, StopReason | None]:
         """PrecisionSearch over units (every candidate one module's own code calls: what a loaded plan can run
         in FP32 without Python per op, `tuner.engine.native`); its chosen FP32 set and why it stopped early."""
         units = found.units()
@@ -300,7 +313,7 @@ class TuneSession:
                                  lambda picked: trials.probe(frozenset(i for n in picked for i in units[n]), scores),
                                  costs=[sum(found.costs[found.instances[i]] for i in u) for u in units],
                                  thorough=self.options.thorough, all_low_failed=True, all_low_drop=first.drop,
-                                 guide=self.guide(found, units, low), extra_probes=1 + spare)
+                                 guide=self.guide(found, units, low, limits), extra_probes=1 + spare)
         outcome = search.run()
         self.notes.extend(outcome.notes)
         if search.guide is not None and search.guide.forwards:
@@ -309,14 +322,15 @@ class TuneSession:
         chosen = None if outcome.fp32 is None else found.pick(frozenset(i for n in outcome.fp32 for i in units[n]))
         return chosen, outcome.stopped  # type: ignore[return-value]
 
-    def guide(self, found: Candidates, units: list[tuple[int, ...]], low: LowForward | None) -> Guide | None:
+    def guide(self, found: Candidates, units: list[tuple[int, ...]], low: LowForward | None,
+              limits: AidLimits = FULL) -> Guide | None:
         """The search's guide: a unit set kept FP32 -> the output error of its plan on the example inputs
-        (Evaluator.output_error), as many forwards as the evaluate's time affords (`guide_limits`). None under
+        (Evaluator.output_error), as many forwards as `limits` allow (`aid_limits`). None under
         torchrun (every rank would have to run each forward together) or when the output has no
         floating-point tensor to compare. `low`: the all-low plan's forward (TuneSession.all_low)."""
         if self.ranks.distributed or low is None:
             return None
-        low_error, forward_s = low
+        low_error = low[0]
         if low_error is None:
             return None
 
@@ -325,8 +339,7 @@ class TuneSession:
             value = self.evaluator.output_error(plan_for(self.options, found.fp32_modules, fp32), found.ref_out)
             return math.inf if value is None else value
 
-        prefixes, per_round = guide_limits(sum(found.flops.values()), self._evaluate_forwards(found, forward_s))
-        return Guide(error, max_prefixes=prefixes, max_units=per_round, known={frozenset(): low_error})
+        return Guide(error, max_prefixes=limits.prefixes, max_units=limits.units, known={frozenset(): low_error})
 
     def _evaluate_forwards(self, found: Candidates, forward_s: float) -> float:
         """How many forwards of the example inputs one evaluate is worth: the tensor elements the evaluations

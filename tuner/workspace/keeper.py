@@ -120,6 +120,18 @@ class ModelKeeper:
             else:
                 self.restore()
 
+    @contextlib.contextmanager
+    def holding(self, model: nn.Module, lowered: Mapping[str, torch.dtype]) -> Iterator[nn.Module]:
+        """`deployed.stored_as` on the keeper's own record (a `deployed.Holding`): `lowered` held for the block
+        and after it, so the report's verifying forward and the checkpoint written after it pack the weights
+        once, not twice (1.1B parameters: seconds each way). Like `stored_as`, the block is not compared with
+        the model as built after it: what runs in it is mpt's measuring, and the checkpoint is checked
+        against the bytes it held."""
+        if model is not self._model:
+            raise ValueError("keeper.holding: the model is not the keeper's")
+        self._hold(lowered)
+        yield model
+
     def restore(self) -> bool:
         """Rebuild the model if user code changed it; True when it did."""
         if not self.changed():

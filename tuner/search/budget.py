@@ -1,0 +1,48 @@
+"""How much the search's cheap aids may cost: the ranking's backward probes and the guide's forwards.
+
+Both run the model on the example inputs, never `evaluate`. On a small model such a forward takes
+milliseconds and the aids run in full, so a small model is searched the same way on any machine. On a large
+one a forward is a share of an evaluation (a 1.1B LM scored on 33 batches: one evaluate is worth 33 forwards),
+and the aids in full would cost more than the evaluations they spare: at 1.1B the ranking's 8 probes and the
+guide's 16 forwards were a third of the tune (issue 20 asks mpt's own time under 15%). There each aid gets a
+fixed share of one evaluation: `aid_limits`. The share is sized from counts (FLOPs, the tensor elements
+evaluate fed the model), not seconds, so a rerun of the same command takes the same path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CHEAP_FORWARD_FLOPS = 2e9  # a forward of under 2 GFLOP: the aids in full take seconds, not worth limiting
+MAX_PREFIXES, MAX_IMPROVE_UNITS, MAX_PROBES = 64, 16, 8  # the aids in full
+MIN_PREFIXES, MIN_UNITS, MIN_PROBES = 4, 2, 2  # the least, however dear a forward is
+GUIDE_EVALS = 0.25  # the guide's prefixes cost about this share of an evaluate
+RANK_EVALS = 1 / 16  # backward probes per forward an evaluate is worth (a probe costs ~2 forwards: ~1/8)
+
+
+@dataclass(frozen=True)
+class AidLimits:
+    """`prefixes`: the ranking's prefixes the guide observes one by one; `units`: units it weighs per round
+    of lowering back (one forward each); `probes`: the gradient ranking's backward passes."""
+
+    prefixes: int
+    units: int
+    probes: int
+
+    def __post_init__(self) -> None:
+        if self.prefixes < 2 or self.units < 1 or self.probes < 1:
+            raise ValueError(f"aid limits must be positive (prefixes >= 2): {self}")
+
+
+FULL = AidLimits(MAX_PREFIXES, MAX_IMPROVE_UNITS, MAX_PROBES)
+
+
+def aid_limits(forward_flops: float, evaluate_forwards: float) -> AidLimits:
+    """The aids for a forward of `forward_flops` on the example inputs, one evaluate being worth
+    `evaluate_forwards` such forwards: in full when a forward is cheap in FLOPs; else the prefixes GUIDE_EVALS
+    of an evaluate buys (a quarter as many units per round) and RANK_EVALS probes per forward, each within its
+    least and its full size. An evaluate worth 256 forwards or more affords the aids in full."""
+    if forward_flops <= CHEAP_FORWARD_FLOPS:
+        return FULL
+    prefixes = min(MAX_PREFIXES, max(MIN_PREFIXES, int(GUIDE_EVALS * evaluate_forwards)))
+    return AidLimits(prefixes, min(MAX_IMPROVE_UNITS, max(MIN_UNITS, prefixes // 4)),
+                     min(MAX_PROBES, max(MIN_PROBES, int(RANK_EVALS * evaluate_forwards))))

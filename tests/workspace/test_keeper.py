@@ -126,3 +126,31 @@ def test_holding_packs_once_for_the_verifying_forward_and_the_checkpoint(monkeyp
     with pytest.raises(ValueError, match="not the keeper's"):
         with keeper.holding(build(), lowered):
             pass
+
+
+def test_a_light_loan_reads_no_weight_bytes_yet_a_hidden_write_is_undone_before_the_next_evaluate(monkeypatch):
+    """The guide's forwards borrow lightly: no pass over the weights after each. A forward that writes a weight
+    behind the version counter (through .data) is still caught, before the next loan that is not light."""
+    import tuner.core.fingerprint as fingerprint
+
+    reads: list[int] = []
+    real = fingerprint._tensor_checksum
+    monkeypatch.setattr(fingerprint, "_tensor_checksum", lambda t: reads.append(1) or real(t))
+    keeper = ModelKeeper(build)
+    ref = {k: v.clone() for k, v in keeper.model.state_dict().items()}
+    reads.clear()
+    for _ in range(3):
+        with keeper.borrowed(light=True) as model, torch.no_grad():
+            model(torch.ones(1, 4))
+    assert not reads and keeper.rebuilds == 0  # three forwards, no weight read
+    with keeper.borrowed(light=True) as model:
+        model[0].weight.data.mul_(2.0)  # no version bump: the light comparison cannot see it
+    assert keeper.rebuilds == 0
+    with keeper.borrowed("evaluate") as model:  # compared before it is lent: rebuilt, the evaluate sees it as built
+        assert keeper.rebuilds == 1 and torch.equal(model[0].weight, ref["0.weight"])
+    with keeper.borrowed(light=True) as model:
+        model[2] = nn.Identity()  # identities change: undone at once, as after any loan
+    assert keeper.rebuilds == 2 and isinstance(keeper.modules[2], nn.Linear)
+    with keeper.borrowed(light=True) as model:
+        model[0].bias.data.zero_()
+    assert torch.equal(keeper.model[0].bias, ref["0.bias"]) and keeper.rebuilds == 3  # `model` compares too

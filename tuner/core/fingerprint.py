@@ -199,6 +199,12 @@ class ModelState:
     graph: tuple
     weights: Checksums
 
+    @staticmethod
+    def identities(model: nn.Module) -> tuple:
+        """The cheap part of a capture (`graph`: identities, addresses, version counters, flags; no byte read),
+        to compare with a capture's `graph` after a block that only ran a forward."""
+        return _object_graph(model)
+
     @classmethod
     def capture(cls, model: nn.Module, *, since: ModelState | None = None,
                 changed: Collection[torch.Tensor] = ()) -> ModelState:

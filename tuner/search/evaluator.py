@@ -270,7 +270,7 @@ class Evaluator:
         path (nothing to probe or predict), or under torchrun (a rank must not take another path alone)."""
         if self.ranks.distributed:
             return False
-        with self.keeper.borrowed() as model:
+        with self.keeper.borrowed(light=True) as model:
             if not predictable(model, plan):
                 return False
             t0 = time.monotonic()
@@ -298,7 +298,7 @@ class Evaluator:
             self.forward_s = looked[2]
             return _inf_if_not_finite(relative_error(looked[1], ref_out))
         t0 = time.monotonic()
-        with self.keeper.borrowed(lowered=self._predicted(plan)) as model, torch.no_grad():
+        with self.keeper.borrowed(lowered=self._predicted(plan), light=True) as model, torch.no_grad():
             attach(model, plan)
             try:
                 error = relative_error(call_forward(model, self.inputs), ref_out)
@@ -313,12 +313,12 @@ class Evaluator:
         if self.inputs is None:
             return {}
         if self._uses is _UNOBSERVED:
-            with self.keeper.borrowed() as model:
+            with self.keeper.borrowed(light=True) as model:
                 self._uses = parameter_uses(model, plan, self.inputs)
         predicted = self._predicted(plan)
         if predicted is not None:
             return predicted
-        with self.keeper.borrowed() as model:
+        with self.keeper.borrowed(light=True) as model:  # the trial that follows compares the bytes first
             return weight_dtypes(model, plan, self.inputs)
 
     def _predicted(self, plan: Plan) -> dict[str, torch.dtype] | None:

@@ -291,7 +291,7 @@ class TuneSession:
             self.emit(TuneEvent(EventKind.RANK, RankProgress(method, done, total)))
 
         self.ranks.same([c.label() for c in found.instances], "op instances to tune")
-        with self.keeper.borrowed() as model, compact_heap():  # its graph fragmented the heap (tuner.core.heap)
+        with self.keeper.borrowed(light=True) as model, compact_heap():  # (tuner.core.heap: its graph fragments)
             if method is RankMethod.GRADIENT:
                 scores = rank_gradient(model, found.inputs, self.policy, self.dtype, list(found.instances),
                                        found.ref_out, progress, probes=probes)

@@ -46,11 +46,13 @@ class ModelKeeper:
         self._expected = self._as_built  # the state between loans: as built, or with `_held` held lowered
         self._held = HeldLowered()
         self._digest: str | None = None
+        self._unchecked = False  # a light loan ended: its bytes are compared before the next use (`_settle`)
         self.rebuilds = 0
 
     @property
     def model(self) -> nn.Module:
         """The model as built: any parameters held lowered are put back first (None after the last loan)."""
+        self._settle()
         self._hold({})
         return self._model  # type: ignore[return-value]
 
@@ -94,11 +96,19 @@ class ModelKeeper:
 
     def changed(self) -> bool:
         """True when the model is not as the keeper left it (as built, or with its held parameters)."""
+        self._unchecked = False  # the full comparison below
         return ModelState.capture(self._lent()) != self._expected
+
+    def _settle(self) -> None:
+        """Compare the bytes a light loan left unread (and rebuild if they changed) before the model is used
+        for anything that counts: an evaluate, the outputs."""
+        if self._unchecked:
+            self._unchecked = False
+            self.restore()
 
     @contextlib.contextmanager
     def borrowed(self, who: str = "the model's forward", *, last: bool = False,
-                 lowered: Mapping[str, torch.dtype] | None = None) -> Iterator[nn.Module]:
+                 lowered: Mapping[str, torch.dtype] | None = None, light: bool = False) -> Iterator[nn.Module]:
         """The model for a block of user code (an evaluate, a recorded forward); restored when the block ends.
 
         Restored however the block ends, an interrupt included, so the model is as built between blocks and
@@ -108,7 +118,14 @@ class ModelKeeper:
         final loan (`mpt check`'s planned evaluation); the model is given away instead of restored, so a
         block that changes it (loads a checkpoint) costs no rebuild, and the keeper lends nothing after.
         `lowered`: parameters to hold in a lower dtype during the loan and after it (see the module docstring).
+        `light`: the block runs mpt's own forwards, whose results only steer the search (the guide, the
+        ranking): after it only identities and version counters are compared (`ModelState.identities`), the
+        weights' bytes before the next loan that is not light, or the next use of `model`. So a forward that
+        writes a weight behind torch's back (through `.data`) is still undone before any evaluate or output,
+        and the dozens of guide forwards of a large model cost no pass over its weights each.
         """
+        if not light:
+            self._settle()
         model = self._lent()
         self._hold({} if last else lowered or {})
         try:
@@ -117,6 +134,8 @@ class ModelKeeper:
             self.guard.restore(who)
             if last:
                 self._model = None
+            elif light and ModelState.identities(model) == self._expected.graph:
+                self._unchecked = True
             else:
                 self.restore()
 
@@ -127,6 +146,7 @@ class ModelKeeper:
         once, not twice (1.1B parameters: seconds each way). Like `stored_as`, the block is not compared with
         the model as built after it: what runs in it is mpt's measuring, and the checkpoint is checked
         against the bytes it held."""
+        self._settle()
         if model is not self._model:
             raise ValueError("keeper.holding: the model is not the keeper's")
         self._hold(lowered)

@@ -1,20 +1,21 @@
 """How much the search's cheap aids may cost: the ranking's backward probes and the guide's forwards.
 
-Both run the model on the example inputs, never `evaluate`. On a small model such a forward takes
-milliseconds and the aids run in full, so a small model is searched the same way on any machine. On a large
-one a forward is a share of an evaluation (a 1.1B LM scored on 33 batches: one evaluate is worth 33 forwards),
-and the aids in full would cost more than the evaluations they spare: at 1.1B the ranking's 8 probes and the
-guide's 16 forwards were a third of the tune (issue 20 asks mpt's own time under 15%). There each aid gets a
-fixed share of one evaluation: `aid_limits`. The share is sized from counts (FLOPs, the tensor elements
-evaluate fed the model), not seconds, so a rerun of the same command takes the same path.
+Both run the model on the example inputs, never `evaluate`. On a small model (a forward under 10 GFLOP:
+tens of milliseconds) the aids run in full and take seconds, so a small model is searched the same way on any
+machine. On a large one a forward is a share of an evaluation (a 1.1B LM scored on 33 batches: one evaluate is
+worth 33 forwards), and the aids in full would cost more than the evaluations they spare: at 1.1B the
+ranking's 8 probes and the guide's 16 forwards were a third of the tune (issue 20 asks mpt's own time under
+15%). There each aid gets a fixed share of one evaluation: `aid_limits`. The share is sized from counts
+(FLOPs, the tensor elements evaluate fed the model), not seconds, so a rerun of the same command takes the
+same path.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-CHEAP_FORWARD_FLOPS = 2e9  # a forward of under 2 GFLOP: the aids in full take seconds, not worth limiting
+CHEAP_FORWARD_FLOPS = 1e10  # a forward of under 10 GFLOP: the aids in full take seconds, not worth limiting
 MAX_PREFIXES, MAX_IMPROVE_UNITS, MAX_PROBES = 64, 16, 8  # the aids in full
-MIN_PREFIXES, MIN_UNITS, MIN_PROBES = 4, 2, 2  # the least, however dear a forward is
+MIN_PREFIXES, MIN_UNITS, MIN_PROBES = 4, 2, 4  # the least, however dear a forward is (2 probes misrank)
 GUIDE_EVALS = 0.25  # the guide's prefixes cost about this share of an evaluate
 RANK_EVALS = 1 / 16  # backward probes per forward an evaluate is worth (a probe costs ~2 forwards: ~1/8)
 

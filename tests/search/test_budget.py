@@ -30,18 +30,20 @@ def test_a_cheap_forward_gets_the_aids_in_full_however_short_the_evaluate():
 
 def test_a_dear_forward_gets_a_share_of_an_evaluation():
     at33 = aid_limits(LARGE, 33.0)  # the 1.1B LM scored on 33 batches (benchmarks/scale.py)
-    assert at33 == AidLimits(8, MIN_UNITS, MIN_PROBES) and MIN_PROBES >= 4  # two probes misrank (zoo lstm_lm)
+    assert at33 == AidLimits(8, MIN_UNITS, MIN_PROBES, 16) and MIN_PROBES >= 4  # 2 probes misrank (zoo lstm_lm)
     assert at33.prefixes - 1 <= GUIDE_EVALS * 33  # the prefixes past the all-low one: a quarter of an evaluate
-    assert aid_limits(LARGE, 2.0) == AidLimits(MIN_PREFIXES, MIN_UNITS, MIN_PROBES)  # the least
-    assert aid_limits(LARGE, 256.0) == FULL  # an evaluate of 256 forwards affords everything
-    assert aid_limits(LARGE, 1e9) == FULL  # and never more
+    assert at33.forwards <= 2 * GUIDE_EVALS * 33  # and all the guide's forwards half of one
+    assert aid_limits(LARGE, 2.0) == AidLimits(MIN_PREFIXES, MIN_UNITS, MIN_PROBES, 2 * MIN_PREFIXES)  # the least
+    full = AidLimits(MAX_PREFIXES, MAX_IMPROVE_UNITS, MAX_PROBES, 2 * MAX_PREFIXES)
+    assert aid_limits(LARGE, 256.0) == full  # an evaluate of 256 forwards affords the aids in full
+    assert aid_limits(LARGE, 1e9) == full  # and never more
     sizes = [aid_limits(LARGE, float(e)) for e in range(1, 300)]
     for a, b in zip(sizes, sizes[1:]):  # a longer evaluate never buys less
-        assert a.prefixes <= b.prefixes and a.units <= b.units and a.probes <= b.probes
+        assert a.prefixes <= b.prefixes and a.units <= b.units and a.probes <= b.probes and a.forwards <= b.forwards
 
 
 @pytest.mark.parametrize("bad", [dict(prefixes=1, units=1, probes=1), dict(prefixes=4, units=0, probes=2),
-                                 dict(prefixes=4, units=2, probes=0)])
+                                 dict(prefixes=4, units=2, probes=0), dict(prefixes=8, units=2, probes=4, forwards=7)])
 def test_limits_that_leave_an_aid_nothing_are_refused(bad):
     with pytest.raises(ValueError, match="aid limits"):
         AidLimits(**bad)

@@ -2,6 +2,8 @@
 import math
 import random
 
+import pytest
+
 from tuner.search.calibration import ErrorModel
 from tuner.search.guide import Guide
 from tuner.search.strategy import PrecisionSearch, Probe
@@ -203,3 +205,34 @@ def test_probes_left_go_to_a_trade_of_equally_heavy_units():
     assert frozenset({0, 3, 4}) in calls and frozenset({2, 3, 4}) in calls  # each heavy one alone: fails
     assert calls[-1] == frozenset({1, 3, 4}) and search.best == frozenset({1, 3, 4})  # the trade, passed
     assert len(calls) == len(set(calls))
+
+
+def test_a_guide_with_its_forwards_spent_lets_the_search_finish_without_it():
+    """A large model's guide has a budget of forwards (tuner.search.budget). Spent while lowering back, the
+    search goes on from the last plan that passed, lowering the heaviest FP32 units one at a time: every
+    forward within the budget, every probe within the bound, and the plan one an evaluation passed."""
+    from tuner.search.guide import GuideSpent
+
+    n = 20
+    true = [3.0] + [0.05] * (n - 1)  # as in the blocks test above: heavy harmless units swept in by the cut
+    costs = [1.0] + [100.0] * (n - 1)
+    error, test = quadrature(true, allowed=1.0)
+    first = test(frozenset())
+    calls: list[frozenset] = []
+
+    def counted(fp32):
+        calls.append(fp32)
+        return error(fp32)
+
+    budget = 4  # the unlimited guide runs 6 forwards here
+    guide = Guide(counted, max_prefixes=4, max_units=2, max_forwards=budget)
+    search = PrecisionSearch([1.0] * n, test, costs=costs, all_low_failed=True, all_low_drop=first.drop,
+                             guide=guide, extra_probes=4)
+    out = search.run()
+    assert len(calls) == guide.forwards <= budget
+    assert any("forwards were spent" in note for note in out.notes)
+    assert out.fp32 is not None and 0 in out.fp32 and test(out.fp32).passed
+    assert out.evals <= math.ceil(math.log2(n)) + 4
+    with pytest.raises(GuideSpent):
+        guide.error(frozenset({1, 2, 3}))  # a plan not seen before: no forward left
+    assert guide.error(frozenset()) == error(frozenset())  # one seen before: still known

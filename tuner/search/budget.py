@@ -16,22 +16,27 @@ from dataclasses import dataclass
 CHEAP_FORWARD_FLOPS = 1e10  # a forward of under 10 GFLOP: the aids in full take seconds, not worth limiting
 MAX_PREFIXES, MAX_IMPROVE_UNITS, MAX_PROBES = 64, 16, 8  # the aids in full
 MIN_PREFIXES, MIN_UNITS, MIN_PROBES = 4, 2, 4  # the least, however dear a forward is (2 probes misrank)
-GUIDE_EVALS = 0.25  # the guide's prefixes cost about this share of an evaluate
+GUIDE_EVALS = 0.25  # the guide's prefixes cost about this share of an evaluate, and all its forwards twice that
 RANK_EVALS = 1 / 16  # backward probes per forward an evaluate is worth (a probe costs ~2 forwards: ~1/8)
 
 
 @dataclass(frozen=True)
 class AidLimits:
     """`prefixes`: the ranking's prefixes the guide observes one by one; `units`: units it weighs per round
-    of lowering back (one forward each); `probes`: the gradient ranking's backward passes."""
+    of lowering back (one forward each); `probes`: the gradient ranking's backward passes; `forwards`: the
+    guide's forwards in all (None: as many as the search asks for), after which the search goes on without it
+    (`tuner.search.guide.GuideSpent`)."""
 
     prefixes: int
     units: int
     probes: int
+    forwards: int | None = None
 
     def __post_init__(self) -> None:
         if self.prefixes < 2 or self.units < 1 or self.probes < 1:
             raise ValueError(f"aid limits must be positive (prefixes >= 2): {self}")
+        if self.forwards is not None and self.forwards < self.prefixes:
+            raise ValueError(f"aid limits: the guide's forwards must cover its prefixes: {self}")
 
 
 FULL = AidLimits(MAX_PREFIXES, MAX_IMPROVE_UNITS, MAX_PROBES)
@@ -40,10 +45,11 @@ FULL = AidLimits(MAX_PREFIXES, MAX_IMPROVE_UNITS, MAX_PROBES)
 def aid_limits(forward_flops: float, evaluate_forwards: float) -> AidLimits:
     """The aids for a forward of `forward_flops` on the example inputs, one evaluate being worth
     `evaluate_forwards` such forwards: in full when a forward is cheap in FLOPs; else the prefixes GUIDE_EVALS
-    of an evaluate buys (a quarter as many units per round) and RANK_EVALS probes per forward, each within its
-    least and its full size. An evaluate worth 256 forwards or more affords the aids in full."""
+    of an evaluate buys (a quarter as many units per round, twice as many forwards in all) and RANK_EVALS
+    probes per forward, each within its least and its full size. An evaluate worth 256 forwards or more
+    affords the prefixes, units and probes in full."""
     if forward_flops <= CHEAP_FORWARD_FLOPS:
         return FULL
     prefixes = min(MAX_PREFIXES, max(MIN_PREFIXES, int(GUIDE_EVALS * evaluate_forwards)))
     return AidLimits(prefixes, min(MAX_IMPROVE_UNITS, max(MIN_UNITS, prefixes // 4)),
-                     min(MAX_PROBES, max(MIN_PROBES, int(RANK_EVALS * evaluate_forwards))))
+                     min(MAX_PROBES, max(MIN_PROBES, int(RANK_EVALS * evaluate_forwards))), 2 * prefixes)

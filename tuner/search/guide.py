@@ -25,12 +25,19 @@ MISLEADS = 0.9  # a ranking misleads when half of its predicted error is removed
 IMPROVE_AIM = 0.85  # lower units back while the predicted drop stays under this share of the allowed drop
 
 
+class GuideSpent(Exception):
+    """The guide has run the forwards it was given (`Guide.max_forwards`): the search goes on without it."""
+
+
 class Guide:
-    """`predict(fp32_items) -> output error`, memoized, counted (`forwards`) and timed (`seconds`)."""
+    """`predict(fp32_items) -> output error`, memoized, counted (`forwards`) and timed (`seconds`); at most
+    `max_forwards` forwards (None: no limit), then GuideSpent for any error not known yet."""
 
     def __init__(self, predict: Callable[[frozenset[int]], float], *, max_prefixes: int = MAX_PREFIXES,
-                 max_units: int = MAX_IMPROVE_UNITS, known: dict[frozenset[int], float] | None = None) -> None:
+                 max_units: int = MAX_IMPROVE_UNITS, known: dict[frozenset[int], float] | None = None,
+                 max_forwards: int | None = None) -> None:
         self._predict = predict
+        self.max_forwards = max_forwards
         self._known: dict[frozenset[int], float] = dict(known or {})
         self.max_prefixes = max(2, max_prefixes)  # prefixes observed one by one; more are sampled
         self.max_units = max(1, max_units)  # units weighed for lowering back per round
@@ -39,6 +46,8 @@ class Guide:
 
     def error(self, fp32: frozenset[int]) -> float:
         if fp32 not in self._known:
+            if self.max_forwards is not None and self.forwards >= self.max_forwards:
+                raise GuideSpent(f"the guide's {self.max_forwards} forwards are spent")
             self.forwards += 1
             t0 = time.monotonic()
             value = self._predict(fp32)

@@ -339,7 +339,8 @@ class TuneSession:
             value = self.evaluator.output_error(plan_for(self.options, found.fp32_modules, fp32), found.ref_out)
             return math.inf if value is None else value
 
-        return Guide(error, max_prefixes=limits.prefixes, max_units=limits.units, known={frozenset(): low_error})
+        return Guide(error, max_prefixes=limits.prefixes, max_units=limits.units, known={frozenset(): low_error},
+                     max_forwards=limits.forwards)
 
     def _evaluate_forwards(self, found: Candidates, forward_s: float) -> float:
         """How many forwards of the example inputs one evaluate is worth: the tensor elements the evaluations

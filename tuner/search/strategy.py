@@ -40,7 +40,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from tuner.search.calibration import ErrorModel, finite
-from tuner.search.guide import Guide
+from tuner.search.guide import Guide, GuideSpent
 
 GAP = 8.0  # score ratio that counts as a clear gap in the ranking
 STOP_COST_SHARE = 0.01  # stop refining the cut once the undecided instances cost less than this share
@@ -141,6 +141,7 @@ class PrecisionSearch:
         self.results: dict[frozenset[int], Probe] = {}  # every set tested, and its probe
         self.guide = guide if guide is not None else Guide(predict) if predict is not None else None
         self.weight = [finite(s) ** 2 for s in self.scores]  # each item's error, squared (errors add so)
+        self._keep: frozenset[int] = frozenset()  # lowering back: the FP32 set of the last plan that passed
 
     # --- tests ------------------------------------------------------------------------------------------------
     def test(self, fp32: frozenset[int]) -> Probe:
@@ -217,32 +218,49 @@ class PrecisionSearch:
         errors = self.guide.prefix_errors(self.order)
         if self.gap is None and len(self.scores) <= 2 * self.guide.max_prefixes \
                 and self.guide.misleads(self.model.residual, errors):
-            self.order, effect = self.guide.observed_order(len(self.scores), self.costs)
-            self.weight = effect
-            self.notes.append("the ranking did not predict the output error of its own prefixes; the order "
-                              "comes from each unit's observed effect instead")
-            errors = self.guide.prefix_errors(self.order)
+            try:
+                self.order, effect = self.guide.observed_order(len(self.scores), self.costs)
+                self.weight = effect
+                self.notes.append("the ranking did not predict the output error of its own prefixes; the "
+                                  "order comes from each unit's observed effect instead")
+                errors = self.guide.prefix_errors(self.order)
+            except GuideSpent:  # the ranking's order stands, with the errors its prefixes showed
+                self.notes.append("the ranking did not predict the output error of its own prefixes, and the "
+                                  "guide's forwards did not stretch to observing each unit alone")
         self.model.use_observed(errors)
 
     def _lower_guided(self, fp32: list[int]) -> None:
         """Lower back together the FP32 units the calibrated fit predicts safe (observed errors, one forward
-        each), while probes are left and the gain is worth an evaluation (GAIN_COST_SHARE of the cost)."""
+        each), while probes are left and the gain is worth an evaluation (GAIN_COST_SHARE of the cost); then
+        trade (`_trade`). Where the guide's forwards are spent (a large model's budget, `tuner.search.budget`)
+        the probes left lower the heaviest FP32 units one at a time, from the last plan that passed."""
         assert self.guide is not None
-        keep, refused = frozenset(fp32), set[int]()
+        self._keep = frozenset(fp32)
+        try:
+            self._lower_blocks()
+        except GuideSpent:
+            self.notes.append(f"the guide's {self.guide.forwards} forwards were spent; the probes left lower "
+                              "the heaviest FP32 units one at a time")
+            self._lower_heavy(sorted(self._keep))
+
+    def _lower_blocks(self) -> None:
+        assert self.guide is not None
+        refused = set[int]()
         while self._left() > 0:
+            keep = self._keep
             block = self.guide.safe_block(self.model, keep, self._pool(keep, refused))
             if not block:
-                self._trade(keep)
+                self._trade()
                 return
             trial = keep - set(block)
             known = trial in self.results  # (a prefix the cut saw fail): no probe spent, and the fit has it
             probe = self.test(trial)
-            if not known:
-                self.model.observe_error(self.guide.error(trial), probe.drop)
             if probe.passed:
-                keep = trial
+                self._keep = trial
             elif len(block) == 1 or known:
                 refused.add(block[-1])  # a known result spent nothing: refusing one item keeps the loop moving
+            if not known:
+                self.model.observe_error(self.guide.error(trial), probe.drop)
 
     def _pool(self, keep: frozenset[int], refused: AbstractSet[int]) -> list[int]:
         """The FP32 units worth an evaluation to lower back (GAIN_COST_SHARE of the cost or more), heaviest per
@@ -251,16 +269,17 @@ class PrecisionSearch:
         return sorted((i for i in keep if i not in refused and self.costs[i] >= GAIN_COST_SHARE * total),
                       key=lambda i: -self.costs[i] / max(self.weight[i], 1e-30))
 
-    def _trade(self, keep: frozenset[int]) -> None:
+    def _trade(self) -> None:
         """Probes left and no FP32 unit goes back alone: trade. A lowered unit returns to FP32 while FP32 units
         of more cost go down (`_traded`): a cheaper plan, for the ranking can put one of two equally heavy
         units first when the other is what the metric needs. Of the lowered units with the most error by
         the ranking (the guide's units per round), the half whose return lowers the observed error most are
         weighed (a forward each, and one per trade); the trade the fit predicts least drop for is tried,
-        while probes are left and the fit predicts a drop of at most TRADE_AIM."""
-        assert self.guide is not None
+        while probes are left and the fit predicts a drop of at most TRADE_AIM. From `_keep`, kept current."""
         guide = self.guide
+        assert guide is not None
         while self._left() > 0:
+            keep = self._keep
             lowered = sorted((v for v in range(len(self.scores)) if v not in keep),
                              key=lambda v: -self.weight[v])[:guide.max_units]  # the most error, by the ranking
             back = sorted(lowered, key=lambda v: guide.error(keep | {v}))[:max(1, guide.max_units // 2)]
@@ -273,9 +292,9 @@ class PrecisionSearch:
                 return
             trial = min(trades, key=lambda t: t[:2])[2]
             probe = self.test(trial)
-            self.model.observe_error(guide.error(trial), probe.drop)
             if probe.passed:
-                keep = trial
+                self._keep = trial
+            self.model.observe_error(guide.error(trial), probe.drop)
 
     def _traded(self, keep: frozenset[int], v: int) -> frozenset[int] | None:
         """`keep` with lowered unit `v` back in FP32 and, in the pool's order, as many FP32 units lowered as

@@ -5,7 +5,9 @@ and, when the block ends, `ModelKeeper.restore` compares the model with how it w
 (`fingerprint.ModelState`: object identities, version counters and flags, plus a fast checksum
 of every weight byte) and, only when something changed, drops it and calls `build()` again. The
 cost is one pass over the weights per borrowing (tens of GB/s on a CPU) and, for an `evaluate`
-that trains, folds or rebinds the model, one `build()` per evaluation.
+that trains, folds or rebinds the model, one `build()` per evaluation. A light loan (mpt's own forwards,
+which only steer the search) compares identities and version counters at its end and leaves the bytes to
+the next loan that is not light, so dozens of guide forwards on a large model cost no pass each.
 
 A loan may ask for some parameters held lowered (`lowered`: a trial's model as its checkpoint stores it,
 `tuner.measure.held`). They stay held after the loan, and the next loan changes only the parameters whose

@@ -123,3 +123,23 @@ def test_the_slower_warning_follows_the_latency_verdict(tuned, monkeypatch, tune
     assert report.latency.verdict == {1.5: "slower", 1.01: "no measurable difference", None: "too noisy to judge"}[
         tuned_ms]
     assert any("ran slower than FP32" in w for w in report.warnings) is warned
+
+
+def test_a_forward_the_baseline_shows_too_slow_to_time_is_not_run(tuned, monkeypatch):
+    """The FP32 baseline's evaluate fed the model so many times the example inputs in so many seconds: where
+    that pace (an upper bound) shows the timing cannot fit its budget twice over, no forward is spent on it.
+    Where the pace leaves doubt, the timing runs as before."""
+    task, result = tuned
+    base = next(t for t in result.trials if t.baseline)
+    assert base.fed, "the baseline counts what evaluate fed the model"
+    timed = []
+    monkeypatch.setattr(measuring, "compare_latency", lambda *a, **k: timed.append(1) or judge([1e-3] * 9, [1e-3] * 9))
+    example = sum(t.numel() for t in task.example_inputs())
+    slow = dataclasses.replace(base, seconds=100.0 * base.fed / example)  # 100 s a forward's worth of inputs
+    trials = tuple(slow if t is base else t for t in result.trials)
+    report = measure_report(dataclasses.replace(result, trials=trials), task.build(), latency=True)
+    assert report.latency is None and not timed
+    warning = next(w for w in report.warnings if "not timed" in w)
+    assert "about 100.00 s a forward" in warning and "--no-latency" in warning
+    report = measure_report(result, task.build(), latency=True)  # the real pace: a fast forward, timed
+    assert report.latency is not None and timed == [1]

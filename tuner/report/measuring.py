@@ -15,13 +15,13 @@ from collections.abc import Callable
 
 from torch import nn
 
-from tuner.core.inputs import ModelInputs
+from tuner.core.inputs import ModelInputs, tensor_leaves
 from tuner.engine.attach import attach, attached, detach
 from tuner.engine.native import Execution
 from tuner.measure.deployed import Holding, stored_as
 from tuner.policy.plan import ModelRef, Plan
 from tuner.report.checkpoint import plan_pass, verify_plan_pass
-from tuner.report.latency import Latency, TooSlowToTime, compare_latency
+from tuner.report.latency import MIN_FORWARDS, Latency, TooSlowToTime, compare_latency
 from tuner.report.outcome import TuneReport
 from tuner.search.results import TuneResult, TuneStatus
 
@@ -69,10 +69,37 @@ LATENCY_SECONDS = 3.0  # the timing's budget: this many seconds, or LATENCY_SHAR
 LATENCY_SHARE = 0.02  # of a large model's tune (issue 20: mpt's own time at most 15% of it, every phase included)
 
 
+KNOWN_MARGIN = 2.0  # skip without a forward only when the baseline's pace is twice too slow (it includes the metric)
+
+
+def _forward_seconds(result: TuneResult, inputs: ModelInputs) -> tuple[float, float, float] | None:
+    """(seconds a forward of the example inputs took, as a share of the FP32 baseline's evaluate; how many
+    times the example inputs' elements that evaluate fed the model; its seconds), None where not counted.
+    An upper bound (the evaluate's own work is in it): enough to skip a timing that cannot fit, with no
+    forward spent to learn it (1.1B parameters: a second)."""
+    example = sum(t.numel() for t in tensor_leaves((inputs.args, dict(inputs.kwargs))))
+    base = next((t for t in result.trials if t.baseline and t.fed and not t.from_journal), None)
+    if base is None or not base.fed or not example:
+        return None
+    times = base.fed / example
+    return base.seconds / times, times, base.seconds
+
+
 def _latency(model: nn.Module, result: TuneResult, inputs: ModelInputs, device: str,
              warnings: list[str], decide: Callable[[bool], bool] | None = None) -> Latency | None:
     """compare_latency for the report, and the warnings it calls for (None when the tuned model raised)."""
     budget = max(LATENCY_SECONDS, LATENCY_SHARE * result.eval_seconds)
+    known = _forward_seconds(result, inputs)
+    if (decide or (lambda stop: stop))(known is not None and known[0] * MIN_FORWARDS > KNOWN_MARGIN * budget):
+        if known is None:  # a sharded model's other rank, told by rank 0 (which writes the warning)
+            return None
+        forward_s, times, seconds = known
+        warnings.append(f"the tuned model was not timed: the FP32 baseline's evaluate fed the model {times:.0f} "
+                        f"times the example inputs in {seconds:.1f} s, about {forward_s:.2f} s a forward, so the "
+                        f"{MIN_FORWARDS} forwards a verdict needs would take longer than the {budget:.1f} s budget "
+                        f"(at most {LATENCY_SHARE:.0%} of the time spent in evaluate, or {LATENCY_SECONDS:g} s); "
+                        "time it on your own data, or pass --no-latency")
+        return None
     try:
         timing = compare_latency(model, result.plan, inputs, device=device, budget=budget, decide=decide)
     except TooSlowToTime as slow:

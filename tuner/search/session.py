@@ -238,7 +238,7 @@ class TuneSession:
         for path, why in fp32_modules.items():
             self.notes.append(f"module {path or '(root)'} stays FP32: torch.autocast cannot run it in "
                               f"{self.options.dtype} on this machine ({why})")
-        with self.keeper.borrowed() as model:
+        with self.keeper.borrowed(light=True) as model:  # what it finds steers; the all-low trial compares first
             found = find_candidates(model, inputs, self.policy, self.dtype, fp32_modules)
         self.emit(TuneEvent(EventKind.CANDIDATES, CandidatesFound(len(found), self.options.dtype,
                                                                   str(self.options.preset), found.all_low_error)))

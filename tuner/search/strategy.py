@@ -244,6 +244,8 @@ class PrecisionSearch:
             self._lower_heavy(sorted(self._keep))
 
     def _lower_blocks(self) -> None:
+        """`_lower_guided`'s rounds: each trial's plan is kept in `_keep` once it passes, before its error is
+        observed (the forward that may find the guide spent)."""
         assert self.guide is not None
         refused = set[int]()
         while self._left() > 0:

@@ -154,3 +154,21 @@ def test_a_light_loan_reads_no_weight_bytes_yet_a_hidden_write_is_undone_before_
     with keeper.borrowed(light=True) as model:
         model[0].bias.data.zero_()
     assert torch.equal(keeper.model[0].bias, ref["0.bias"]) and keeper.rebuilds == 3  # `model` compares too
+
+
+def test_a_hidden_write_to_a_held_weight_is_caught_even_when_the_next_light_loan_repacks_it():
+    """A light loan writes a held (packed) weight behind torch's back; the next light loan puts that weight back
+    (the guide's next prefix), which reads its bytes to know the state to expect. Those bytes must not become
+    the expected state: the write is caught and the model rebuilt before any evaluate."""
+    keeper = ModelKeeper(build)
+    ref = {k: v.clone() for k, v in keeper.model.state_dict().items()}
+    lowered = {"0.weight": torch.bfloat16}
+    with keeper.borrowed(lowered=lowered, light=True) as model:
+        model[0].weight.data.mul_(2.0)  # the packed bf16 values, no version bump
+    with keeper.borrowed(light=True):  # put back to FP32 (from the doubled bf16 values)
+        pass
+    with keeper.borrowed(lowered=lowered, light=True):  # and packed again
+        pass
+    with keeper.borrowed("evaluate") as model:
+        assert keeper.rebuilds == 1
+        assert torch.equal(model[0].weight, ref["0.weight"])

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from tuner.core.errors import UserCodeError
-from tuner.core.fingerprint import ModelState, weights_digest
+from tuner.core.fingerprint import ModelState, tensor_checksums, weights_digest
 from tuner.core.loader import user_site
 from tuner.core.torch_state import StateGuard, TorchState, check_fp32_model
 from tuner.measure.held import HeldLowered
@@ -70,11 +70,26 @@ class ModelKeeper:
 
     def _hold(self, lowered: Mapping[str, torch.dtype]) -> None:
         """Hold exactly `lowered` lowered; when that changed anything, the state to expect after a loan is
-        the last one with the changed parameters' bytes read again (nothing else was written since)."""
+        the last one with the changed parameters' bytes read again (nothing else was written since). After a
+        light loan those bytes are first compared with the state expected: else a write it made to one of them
+        would become the state to expect."""
+        if self._unchecked and self._model is not None and self._written(lowered):
+            self._settle()  # a light loan wrote a weight about to be repacked: compare all, rebuild
         changed = [] if self._model is None else self._held.match(self._model, lowered)
         if changed:
             self._expected = (ModelState.capture(self._lent(), since=self._expected, changed=changed)
                               if self._held.dtypes else self._as_built)
+
+    def _written(self, lowered: Mapping[str, torch.dtype]) -> bool:
+        """Whether a parameter whose held dtype `lowered` changes holds other bytes than the state expected."""
+        held = self._held.dtypes
+        names = {n for n in set(held) | set(lowered) if held.get(n) != lowered.get(n)}
+        params = dict(self._lent().named_parameters())
+        touched = [params[n] for n in names if n in params]
+        if not touched:
+            return False
+        now = tensor_checksums(self._lent(), since=self._expected.weights, changed=touched)
+        return {e for e in now if e[0] in names} != {e for e in self._expected.weights if e[0] in names}
 
     @property
     def weights_digest(self) -> str:

@@ -98,6 +98,12 @@ def tensor_leaves(x: Any) -> list[Tensor]:
     return found
 
 
+def element_count(x: Any) -> int:
+    """The tensor elements inside `x` (`tensor_leaves`): how much data a forward call is given, as a count a
+    rerun gives again (what sizes an evaluate against a forward of the example inputs)."""
+    return sum(t.numel() for t in tensor_leaves(x))
+
+
 def _collect(x: Any, found: list[Tensor], seen: set[int]) -> None:
     if isinstance(x, Tensor):
         found.append(x)
@@ -144,6 +150,10 @@ class ModelInputs:
 
     def call(self, fn: Callable[..., Any]) -> Any:
         return fn(*self.args, **self.kwargs)
+
+    def elements(self) -> int:
+        """The tensor elements of the call's arguments (`element_count`)."""
+        return element_count((self.args, self.kwargs))
 
     def map(self, fn: Callable[[Tensor], Any]) -> ModelInputs:
         return ModelInputs(map_tensors(self.args, fn), {k: map_tensors(v, fn) for k, v in self.kwargs.items()})

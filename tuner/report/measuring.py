@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from tuner.core.inputs import ModelInputs, tensor_leaves
+from tuner.core.inputs import ModelInputs
 from tuner.engine.attach import attach, attached, detach
 from tuner.engine.native import Execution
 from tuner.measure.deployed import Holding, stored_as
@@ -77,7 +77,7 @@ def _forward_seconds(result: TuneResult, inputs: ModelInputs) -> tuple[float, fl
     times the example inputs' elements that evaluate fed the model; its seconds), None where not counted.
     An upper bound (the evaluate's own work is in it): enough to skip a timing that cannot fit, with no
     forward spent to learn it (1.1B parameters: a second)."""
-    example = sum(t.numel() for t in tensor_leaves((inputs.args, dict(inputs.kwargs))))
+    example = inputs.elements()
     base = next((t for t in result.trials if t.baseline and t.fed and not t.from_journal), None)
     if base is None or not base.fed or not example:
         return None
@@ -89,8 +89,9 @@ def _latency(model: nn.Module, result: TuneResult, inputs: ModelInputs, device: 
              warnings: list[str], decide: Callable[[bool], bool] | None = None) -> Latency | None:
     """compare_latency for the report, and the warnings it calls for (None when the tuned model raised)."""
     budget = max(LATENCY_SECONDS, LATENCY_SHARE * result.eval_seconds)
+    decide = decide or (lambda stop: stop)
     known = _forward_seconds(result, inputs)
-    if (decide or (lambda stop: stop))(known is not None and known[0] * MIN_FORWARDS > KNOWN_MARGIN * budget):
+    if decide(known is not None and known[0] * MIN_FORWARDS > KNOWN_MARGIN * budget):
         if known is None:  # a sharded model's other rank, told by rank 0 (which writes the warning)
             return None
         forward_s, times, seconds = known

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from tuner.core.errors import OutOfMemory, UserCodeError
-from tuner.core.inputs import ModelInputs, detached_copy, tensor_leaves
+from tuner.core.inputs import ModelInputs, detached_copy, element_count
 from tuner.core.loader import call_forward, user_site
 from tuner.core.memory import find_out_of_memory, free_memory, out_of_memory
 from tuner.engine.attach import attach, detach
@@ -73,7 +73,7 @@ class _ForwardCount:
 
         def count(module: nn.Module, args: Any, kwargs: Any) -> None:  # a function: deepcopy shares it
             self.calls += 1
-            self.fed += sum(t.numel() for t in tensor_leaves((args, kwargs)))
+            self.fed += element_count((args, kwargs))
             if signature is not None:
                 signature.feed(args, kwargs)
 

@@ -347,7 +347,7 @@ class TuneSession:
         fed the model's forward over the example inputs' (counts, alike in every run of the same command);
         seconds where those are not known (a journal written before mpt counted them)."""
         fed = [t.fed for t in self.evaluator.trials if t.fed]
-        example = sum(t.numel() for t in tensor_leaves((found.inputs.args, found.inputs.kwargs)))
+        example = found.inputs.elements()
         if fed and example:
             return statistics.fmean(fed) / example
         seconds = [t.seconds for t in self.evaluator.trials]

@@ -542,10 +542,10 @@ def worse_model(text: str) -> str:
 # --- disk ---------------------------------------------------------------------------------------------------------
 ENOSPC_WRAPPER = """\
 import errno, sys
-import safetensors.torch as st
+import tuner.core.direct_io as dio
 def _full(*a, **k):
     raise OSError(errno.ENOSPC, 'No space left on device')
-st.save_file = _full
+dio.DirectWriter._flush = _full
 sys.argv[0] = 'mpt'
 from mpt_cli.main import main
 main(prog_name='mpt')
@@ -781,7 +781,7 @@ def build_model():
 
     # --- disk --------------------------------------------------------------------------------------------------------
     add(Case("disk: ENOSPC while writing model.safetensors", tune(), 2, M,
-             cmd=[PY, "-c", ENOSPC_WRAPPER], shown="python -c '<save_file raises ENOSPC; mpt_cli.main.main()>'",
+             cmd=[PY, "-c", ENOSPC_WRAPPER], shown="python -c '<the checkpoint write raises ENOSPC; mpt_cli.main.main()>'",
              note=no_plan_note))
 
     # --- noise -------------------------------------------------------------------------------------------------------

@@ -112,8 +112,8 @@ def test_checkpoint_writes_fp32_tensors_from_the_models_own_storage(tmp_path, mo
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
     plan = Plan(dtype="bf16", preset="torch-cpu", fp32_instances=(OpInstance("2", "linear", 0),))
     seen: dict[str, torch.Tensor] = {}
-    real = checkpoint.save_file
-    monkeypatch.setattr(checkpoint, "save_file",
+    real = checkpoint.write_safetensors
+    monkeypatch.setattr(checkpoint, "write_safetensors",
                         lambda tensors, *a, **k: (seen.update(tensors), real(tensors, *a, **k)))
     save_checkpoint(model, plan, (torch.randn(2, 8),), tmp_path / "model.safetensors")
     assert seen["0.weight"].dtype == torch.bfloat16  # lowered: a new, smaller tensor

@@ -240,7 +240,7 @@ def test_disk_full_while_writing_leaves_no_plan_and_exits_2(runner, tmp_path, mo
     def full_disk(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(tuner.report.checkpoint, "save_file", full_disk)
+    monkeypatch.setattr(tuner.report.checkpoint, "write_safetensors", full_disk)
     res = mpt(runner, "tune", model_py, "--out", out, "--overwrite", "-q")
     assert res.exit_code == exitcodes.USAGE, res.output
     first = res.stderr.splitlines()[0]

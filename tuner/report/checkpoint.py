@@ -18,14 +18,16 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor, nn
 
+from tuner.core.direct_io import read_chunks
 from tuner.core.errors import ConfigError, PlanMismatchError
 from tuner.core.fileio import atomic_write
 from tuner.core.fingerprint import sha256_file
 from tuner.core.inputs import ModelInputs
 from tuner.core.output_files import CHECKPOINT_NAME, PLAN_NAME, SHARDED_CHECKPOINT_NAME
+from tuner.core.safetensors_write import FORMAT_DTYPES, write_safetensors
 from tuner.core.sharding import Sharding
 from tuner.engine.attach import attach, check_plan_fits
 from tuner.engine.kind import EngineKind
@@ -119,67 +121,85 @@ def _check_stored(model: nn.Module, path: str | Path) -> str | None:
         raise NotAsClaimed(f"the model loaded from {Path(path).name} does not reproduce the tuned model's output bit "
                            f"for bit (an mpt bug): {missing[0]} is missing")
     state = model.state_dict()
-    digest = _Digest()
-    for name, dtype, shape, same in _file_tensors(path, digest):
+    reader = _FileReader(path)
+    for name, dtype, shape, same in reader.tensors():
         problem = _differs(dtype, shape, same, state[name].detach().cpu()) if name in state else \
             "is in the file, not in the model"
         if problem:
+            reader.close()
             raise NotAsClaimed(f"the model loaded from {Path(path).name} does not reproduce the tuned model's "
                                f"output bit for bit (an mpt bug): {name} {problem}")
-    return digest.whole(Path(path).stat().st_size)
+    return reader.sha256(Path(path).stat().st_size)
 
 
-class _Digest:
-    """sha256 of the bytes a check reads, in file order; whole only if they were all of the file's."""
-
-    def __init__(self) -> None:
-        self._h = hashlib.sha256()
-        self._at = 0  # the next byte of the file expected
-        self._gap = False
-
-    def add(self, at: int, data: Any) -> None:
-        self._gap |= at != self._at
-        self._h.update(data)
-        self._at = at + memoryview(data).nbytes
-
-    def whole(self, size: int) -> str | None:
-        return None if self._gap or self._at != size else self._h.hexdigest()
+_FILE_DTYPES = {name: dtype for dtype, name in FORMAT_DTYPES.items()}
 
 
-_FILE_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
-                "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-                "BOOL": torch.bool}
-_READ = 1 << 24  # bytes compared at a time
+class _FileReader:
+    """A safetensors file read once, front to back (`tuner.core.direct_io.read_chunks`: past the page cache,
+    the next chunk read while this one is compared), every byte hashed in file order."""
 
+    def __init__(self, path: str | Path) -> None:
+        self._chunks = read_chunks(path)
+        self._rest = memoryview(b"")  # what is left of the current chunk
+        self._at = 0  # file offset of self._rest's first byte
+        self._hash = hashlib.sha256()
 
-def _file_tensors(path: str | Path, digest: _Digest) -> Iterator[tuple[str, str, tuple[int, ...],
-                                                                      Callable[[Tensor], bool]]]:
-    """(name, safetensors dtype, shape, same) for each tensor in a safetensors file, in file order: `same(t)`
-    reads the tensor's bytes in slices and says whether they are `t`'s. Every byte read goes into `digest`."""
-    with open(path, "rb") as fh:
-        head = fh.read(8)
-        size = int.from_bytes(head, "little")
-        raw = fh.read(size)
-        digest.add(0, head + raw)
+    def _take(self, n: int) -> Iterator[memoryview]:
+        """The next `n` bytes of the file, in pieces (each valid until the next is asked for), hashed."""
+        while n > 0:
+            if not self._rest:
+                self._rest = next(self._chunks, memoryview(b""))
+                if not self._rest:
+                    return  # the file ended early
+            piece = self._rest[:n]
+            self._rest = self._rest[len(piece):]
+            self._at += len(piece)
+            n -= len(piece)
+            self._hash.update(piece)
+            yield piece
+
+    def _skip_to(self, at: int) -> bool:
+        for _ in self._take(at - self._at):
+            pass
+        return self._at == at
+
+    def tensors(self) -> Iterator[tuple[str, str, tuple[int, ...], Callable[[Tensor], bool]]]:
+        """(name, safetensors dtype, shape, same) for each tensor, in file order: `same(t)` reads the tensor's
+        bytes and says whether they are `t`'s."""
+        head = b"".join(bytes(p) for p in self._take(8))
+        raw = b"".join(bytes(p) for p in self._take(int.from_bytes(head, "little")))
         header = json.loads(raw)
         header.pop("__metadata__", None)
-        buf = torch.empty(_READ, dtype=torch.uint8)
+        base = self._at
 
         def same(begin: int, end: int, t: Tensor) -> bool:
             flat = t.contiguous().reshape(-1).view(torch.uint8)
-            if flat.numel() != end - begin:
+            if flat.numel() != end - begin or not self._skip_to(base + begin):
                 return False
-            fh.seek(8 + size + begin)
-            for at in range(0, end - begin, _READ):
-                n = min(_READ, end - begin - at)
-                if fh.readinto(buf[:n].numpy()) != n or not torch.equal(buf[:n], flat[at:at + n]):  # type: ignore[arg-type]
+            at = 0
+            for piece in self._take(end - begin):
+                got = torch.frombuffer(piece, dtype=torch.uint8)
+                if not torch.equal(got, flat[at:at + len(piece)]):
                     return False
-                digest.add(8 + size + begin + at, buf[:n].numpy())
-            return True
+                at += len(piece)
+                del got
+            return at == end - begin
 
         for name, info in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
             begin, end = info["data_offsets"]
             yield name, info["dtype"], tuple(info["shape"]), functools.partial(same, begin, end)
+
+    def sha256(self, size: int) -> str | None:
+        """The file's sha256, reading what is left of it; None when it is not `size` bytes long."""
+        self._skip_to(size)
+        whole = self._at == size and next(self._chunks, None) is None
+        self.close()
+        return self._hash.hexdigest() if whole else None
+
+    def close(self) -> None:
+        self._rest = memoryview(b"")
+        self._chunks.close()  # type: ignore[attr-defined]
 
 
 def _differs(dtype: str, shape: tuple[int, ...], same: Callable[[Tensor], bool], ran: Tensor) -> str:
@@ -227,7 +247,7 @@ def save_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, p
 
 
 def _save(tensors: dict[str, Tensor], path: str | Path) -> None:
-    save_file(tensors, str(path), metadata={"format": "pt"})
+    write_safetensors(tensors, path, metadata={"format": "pt"})
 
 
 def _unaliased(t: Tensor, spans: dict[tuple[str, int], list[tuple[int, int]]]) -> Tensor:

@@ -1,0 +1,115 @@
+"""Files written and read past the page cache: the bytes are the file's whether O_DIRECT is taken or refused."""
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+import tuner.core.direct_io as dio
+from tuner.core.direct_io import DirectWriter, read_chunks
+from tuner.core.safetensors_write import write_safetensors
+
+
+def _payload(n: int, seed: int = 0) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+@pytest.mark.parametrize("size", [0, 1, 4096, 3 * 4096 + 17])
+def test_a_writer_stages_across_chunks_and_writes_the_tail(tmp_path, size):
+    data = _payload(size)
+    path = tmp_path / "f.bin"
+    with DirectWriter(path, chunk=8192) as out:
+        out.write(data[:5])  # pieces that straddle the staging buffer's edge
+        out.write(np.frombuffer(data[5:], dtype=np.uint8))
+    assert path.read_bytes() == data
+    assert out.written == size
+
+
+def _refuse_direct(real):
+    """`real` (os.write or os.preadv), refusing any transfer on a file opened with O_DIRECT, as a file
+    system that takes the flag at open but not for a transfer does."""
+    def transfer(fd, *args):
+        if dio._O_DIRECT and fcntl.fcntl(fd, fcntl.F_GETFL) & dio._O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, *args)
+    return transfer
+
+
+def test_a_file_system_refusing_direct_transfers_gets_the_same_bytes_through_the_cache(tmp_path, monkeypatch):
+    data = _payload(5 * 4096 + 3, seed=1)
+    monkeypatch.setattr(dio.os, "write", _refuse_direct(os.write))
+    monkeypatch.setattr(dio.os, "preadv", _refuse_direct(os.preadv))
+    with DirectWriter(tmp_path / "f.bin", chunk=4096) as out:
+        out.write(data)
+    assert not out.direct
+    assert (tmp_path / "f.bin").read_bytes() == data
+    assert b"".join(bytes(c) for c in read_chunks(tmp_path / "f.bin", chunk=4096)) == data
+
+
+def test_open_refusing_o_direct_falls_back_to_a_plain_open(tmp_path, monkeypatch):
+    real = os.open
+
+    def no_direct(path, flags, *args):
+        if dio._O_DIRECT and flags & dio._O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(path, flags, *args)
+
+    monkeypatch.setattr(dio.os, "open", no_direct)
+    data = _payload(10_000, seed=2)
+    with DirectWriter(tmp_path / "f.bin", chunk=4096) as out:
+        out.write(data)
+    assert not out.direct and (tmp_path / "f.bin").read_bytes() == data
+
+
+@pytest.mark.parametrize("size", [0, 4095, 4096, 2 * 4096 + 1])
+def test_read_chunks_gives_the_file_in_order(tmp_path, size):
+    data = _payload(size, seed=3)
+    (tmp_path / "f.bin").write_bytes(data)
+    chunks = [bytes(c) for c in read_chunks(tmp_path / "f.bin", chunk=4096)]
+    assert b"".join(chunks) == data
+    assert all(len(c) == 4096 for c in chunks[:-1])
+
+
+def test_chunk_sizes_that_are_not_whole_blocks_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="multiple of 4096"):
+        DirectWriter(tmp_path / "f.bin", chunk=1000)
+    with pytest.raises(ValueError, match="multiple of 4096"):
+        next(read_chunks(tmp_path / "f.bin", chunk=0))
+
+
+def _state() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {"b": torch.randn(3, generator=g).bfloat16(), "a": torch.randn(2, 2, generator=g),
+            "c": torch.arange(3), "z": torch.randn(5000, generator=g).half(), "empty": torch.zeros(0),
+            "mask": torch.tensor([True, False, True]), "scalar": torch.tensor(3.0),
+            "big": torch.randn(3_000_000, generator=g), "i8": torch.arange(-3, 3, dtype=torch.int8)}
+
+
+def test_write_safetensors_gives_the_file_safetensors_writes(tmp_path):
+    state = _state()
+    save_file(state, str(tmp_path / "theirs.safetensors"), metadata={"format": "pt"})
+    write_safetensors(state, tmp_path / "ours.safetensors", metadata={"format": "pt"})
+    assert (tmp_path / "ours.safetensors").read_bytes() == (tmp_path / "theirs.safetensors").read_bytes()
+    loaded = load_file(str(tmp_path / "ours.safetensors"))
+    assert set(loaded) == set(state)
+    assert all(loaded[k].dtype == v.dtype and torch.equal(loaded[k], v) for k, v in state.items())
+    with safe_open(str(tmp_path / "ours.safetensors"), framework="pt") as fh:
+        assert fh.metadata() == {"format": "pt"}
+
+
+def test_a_dtype_the_writer_does_not_know_is_left_to_safetensors(tmp_path):
+    state = {"w": torch.randn(4).to(torch.float8_e4m3fn), "b": torch.randn(2)}
+    write_safetensors(state, tmp_path / "m.safetensors")
+    loaded = load_file(str(tmp_path / "m.safetensors"))
+    assert loaded["w"].dtype == torch.float8_e4m3fn and torch.equal(loaded["w"].float(), state["w"].float())
+
+
+def test_a_non_contiguous_tensor_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="contiguous"):
+        write_safetensors({"t": torch.randn(4, 4).t()}, tmp_path / "m.safetensors")

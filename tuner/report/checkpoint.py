@@ -122,14 +122,16 @@ def _check_stored(model: nn.Module, path: str | Path) -> str | None:
                            f"for bit (an mpt bug): {missing[0]} is missing")
     state = model.state_dict()
     reader = _FileReader(path)
-    for name, dtype, shape, same in reader.tensors():
-        problem = _differs(dtype, shape, same, state[name].detach().cpu()) if name in state else \
-            "is in the file, not in the model"
-        if problem:
-            reader.close()
-            raise NotAsClaimed(f"the model loaded from {Path(path).name} does not reproduce the tuned model's "
-                               f"output bit for bit (an mpt bug): {name} {problem}")
-    return reader.sha256(Path(path).stat().st_size)
+    try:
+        for name, dtype, shape, same in reader.tensors():
+            problem = _differs(dtype, shape, same, state[name].detach().cpu()) if name in state else \
+                "is in the file, not in the model"
+            if problem:
+                raise NotAsClaimed(f"the model loaded from {Path(path).name} does not reproduce the tuned model's "
+                                   f"output bit for bit (an mpt bug): {name} {problem}")
+        return reader.sha256(Path(path).stat().st_size)
+    finally:
+        reader.close()
 
 
 _FILE_DTYPES = {name: dtype for dtype, name in FORMAT_DTYPES.items()}

@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from tuner.core.errors import PlanMismatchError
 from tuner.core.fileio import atomic_write
 from tuner.core.fingerprint import tree_sha256
 from tuner.core.output_files import CHECKPOINT_NAME, SHARDED_CHECKPOINT_NAME
+from tuner.core.safetensors_write import write_safetensors
 from tuner.core.sharding import Sharding, is_dtensor, local_tensor
 
 
@@ -79,7 +79,7 @@ def save_shards(model: nn.Module, lowered: Mapping[str, torch.dtype], folder: Pa
         full = {name: (t.full_tensor() if is_dtensor(t) else t).contiguous().cpu()  # type: ignore[attr-defined]
                 for name, t in state.items()}
         if main:
-            atomic_write(folder / CHECKPOINT_NAME, lambda tmp: save_file(full, tmp, metadata={"format": "pt"}))
+            atomic_write(folder / CHECKPOINT_NAME, lambda tmp: write_safetensors(full, tmp, metadata={"format": "pt"}))
         del full
     size = sum(f.stat().st_size for f in (folder / SHARDED_CHECKPOINT_NAME).rglob("*") if f.is_file())
     return SavedShards(folder, lowered=len(lowered), bytes=size, fp32_bytes=fp32_bytes)

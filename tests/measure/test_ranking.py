@@ -382,9 +382,53 @@ def test_groups_give_the_same_scores_as_one_pass():
     one_pass, grouped = [], []
     a = rank_gradient(model, inputs, POLICY, BF16, cands, ref, progress=lambda d, t: one_pass.append(t))
     b = rank_gradient(model, inputs, POLICY, BF16, cands, ref, progress=lambda d, t: grouped.append(t),
-                      memory_budget=3 * 10 * 32 * 4 * 2)  # δ of two (3, 10, 32) outputs per pass
+                      memory_budget=3 * 10 * 32 * 2 * 2)  # δ (bf16) of two (3, 10, 32) outputs per pass
     assert one_pass[-1] == 8 and grouped[-1] > 8 * 3  # more passes, each with its 8 probes
     assert set(a) == set(b) == set(cands)
     for c in cands:
         assert b[c] == pytest.approx(a[c], rel=1e-6, abs=1e-12), c
     assert all(math.isfinite(s) for s in a.values()) and any(s > 0 for s in a.values())
+
+
+def _mlp_model() -> tuple[nn.Module, ModelInputs]:
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(16, 48), nn.GELU(), nn.Linear(48, 48), nn.LayerNorm(48), nn.Linear(48, 4)).eval()
+    return model, ModelInputs.of((torch.randn(6, 16),))
+
+
+def test_the_batched_backward_gives_the_scores_of_one_backward_per_probe(monkeypatch):
+    model, inputs = _mlp_model()
+    cands, ref = _candidates(model, inputs), _ref(model, inputs)
+    batched_calls: list[bool] = []
+    real = torch.autograd.grad
+
+    def grad(*args, **kwargs):
+        batched_calls.append(bool(kwargs.get("is_grads_batched")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd, "grad", grad)
+    a = rank_gradient(model, inputs, POLICY, BF16, cands, ref)
+    assert batched_calls == [True]  # all 8 probes in one pass
+    batched_calls.clear()
+    deltas = sum(6 * m.out_features * 2 for m in model if isinstance(m, nn.Linear)) + 6 * 48 * 2 * 2
+    b = rank_gradient(model, inputs, POLICY, BF16, cands, ref, memory_budget=deltas)  # one group, 8x not held
+    assert batched_calls == [False] * 8
+    assert set(a) == set(b) == set(cands)
+    for c in cands:
+        assert b[c] == pytest.approx(a[c], rel=1e-5, abs=1e-12), c
+
+
+def test_an_op_without_a_batching_rule_falls_back_to_one_pass_per_probe(monkeypatch):
+    model, inputs = _mlp_model()
+    cands, ref = _candidates(model, inputs), _ref(model, inputs)
+    expected = rank_gradient(model, inputs, POLICY, BF16, cands, ref)
+    real = torch.autograd.grad
+
+    def grad(*args, **kwargs):
+        if kwargs.get("is_grads_batched"):
+            raise RuntimeError("Batching rule not implemented for aten::some_op")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd, "grad", grad)
+    got = rank_gradient(model, inputs, POLICY, BF16, cands, ref)
+    assert got == pytest.approx(expected, rel=1e-5)

@@ -23,16 +23,28 @@ from torch import nn
 
 from tuner.core.errors import ConfigError
 
-try:  # imported once, here: not inside a dispatch mode that asks is_dtensor
-    from torch.distributed.fsdp import FSDPModule
-    from torch.distributed.tensor import DTensor
-except ImportError:  # pragma: no cover - a torch build without torch.distributed
-    FSDPModule = DTensor = None  # type: ignore[assignment,misc]
+
+def _loaded(module: str, name: str) -> Any:
+    """`module.name` if the module is already imported, else None, never importing it: a DTensor or an
+    FSDP-sharded module exists only once its class's module was imported (by the user's code), and importing
+    torch.distributed's FSDP and DTensor packages costs about a second of every mpt command's start. (Never
+    an import inside a dispatch mode that asks `is_dtensor`, either.)"""
+    found = sys.modules.get(module)
+    return getattr(found, name, None) if found is not None else None
+
+
+def _dtensor_class() -> Any:
+    return _loaded("torch.distributed.tensor", "DTensor")
+
+
+def _fsdp_class() -> Any:
+    return _loaded("torch.distributed.fsdp", "FSDPModule")
 
 
 def is_dtensor(t: object) -> bool:
     """Whether `t` is a torch.distributed DTensor."""
-    return DTensor is not None and isinstance(t, DTensor)
+    cls = _dtensor_class()
+    return cls is not None and isinstance(t, cls)
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -47,10 +59,10 @@ def placements(t: torch.Tensor) -> str:
 
 def class_name(module: nn.Module) -> str:
     """The module's class qualname as written: `fully_shard`'s generated `FSDP<Name>` class is skipped."""
-    cls = type(module)
-    if FSDPModule is not None and isinstance(module, FSDPModule):
+    cls, fsdp = type(module), _fsdp_class()
+    if fsdp is not None and isinstance(module, fsdp):
         for base in cls.__mro__[1:]:
-            if base is not FSDPModule and not issubclass(base, FSDPModule):
+            if base is not fsdp and not issubclass(base, fsdp):
                 return base.__qualname__
     return cls.__qualname__
 
@@ -106,7 +118,8 @@ class Sharding:
 
 def is_fsdp(model: nn.Module) -> bool:
     """Whether any module of `model` is sharded with FSDP2's fully_shard."""
-    return FSDPModule is not None and any(isinstance(m, FSDPModule) for m in model.modules())
+    fsdp = _fsdp_class()
+    return fsdp is not None and any(isinstance(m, fsdp) for m in model.modules())
 
 
 def _kinds(model: nn.Module) -> tuple[str, ...]:

@@ -430,5 +430,7 @@ def test_an_op_without_a_batching_rule_falls_back_to_one_pass_per_probe(monkeypa
         return real(*args, **kwargs)
 
     monkeypatch.setattr(torch.autograd, "grad", grad)
-    got = rank_gradient(model, inputs, POLICY, BF16, cands, ref)
+    done: list[int] = []
+    got = rank_gradient(model, inputs, POLICY, BF16, cands, ref, progress=lambda d, t: done.append(d))
     assert got == pytest.approx(expected, rel=1e-5)
+    assert done == list(range(1, 9))  # progress after each of the 8 passes

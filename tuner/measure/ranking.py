@@ -56,7 +56,7 @@ from __future__ import annotations
 import math
 import warnings
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -367,26 +367,42 @@ def default_budget(model: nn.Module) -> int:
     return max(MIN_BUDGET, params)
 
 
-def _projections(finals: list[Tensor], anchors: list[Tensor], vs: list[list[Tensor]],
-                 batched: bool) -> list[list[Tensor] | None]:
-    """Per anchor, its gradient along each probe vector in `vs` (one row of vectors per probe; one scalar
-    per probe, None where no output depends on it). `batched`: all probes in one vmapped backward pass, which
-    reads each weight once for all of them (on a 1.1B LM where the weights' reads bound the backward, 4.0-4.6
-    s against 6.8-7.4 s for 4 probes one at a time), at `len(vs)` times the gradient buffers; the caller asks
-    for it where the δ budget holds that and the parameters are not DTensors. An op with no batching rule
-    falls back to a pass per probe."""
+def _probe_vectors(leaves: list[Tensor], seed: int) -> Iterator[list[Tensor]]:
+    """Each probe's vectors: one v per float output (whether a group reaches it or not, so that the k-th probe
+    is the same for every group, and grouping does not change a score), kept for the outputs with a graph."""
+    gen = torch.Generator().manual_seed(seed)
+    while True:
+        row = [torch.randn(t.shape, generator=gen, dtype=_F32).to(t.device, t.dtype) for t in leaves]
+        yield [v for v, t in zip(row, leaves, strict=False) if t.requires_grad]
+
+
+def _projections(finals: list[Tensor], anchors: list[Tensor], vectors: Iterator[list[Tensor]], probes: int,
+                 batched: bool, tick: Callable[[int], None]) -> list[list[Tensor] | None]:
+    """Per anchor, its gradient along each of `probes` probe vectors (one scalar per probe, None where no
+    output depends on it); `tick(k)` after k more probes are done. `batched`: all probes in one vmapped
+    backward pass, which reads each weight once for all of them (on a 1.1B LM, whose backward the weights'
+    reads bound: 3.9-4.6 s against 6.8-7.4 s for 4 probes one at a time), holding every probe's vectors and
+    gradient buffers at once; the caller asks for it where the budget holds that and the parameters are not
+    DTensors. An op with no batching rule (or a batched pass that fails) falls back to a pass per probe, the
+    same probes in the same order."""
+    rows = [next(vectors) for _ in range(probes)] if batched else []
     if batched:
         try:
-            stacked = [torch.stack([row[j] for row in vs]) for j in range(len(finals))]
+            stacked = [torch.stack([row[j] for row in rows]) for j in range(len(finals))]
             with warnings.catch_warnings():  # vmap's "no batching rule, slower path" notes are ours to absorb
                 warnings.simplefilter("ignore", UserWarning)
                 grads = torch.autograd.grad(finals, anchors, grad_outputs=stacked, retain_graph=True,
                                             allow_unused=True, is_grads_batched=True)
+            tick(probes)
             return [None if g is None else list(g.unbind(0)) for g in grads]
         except (RuntimeError, NotImplementedError):
             pass
-    per_probe = [torch.autograd.grad(finals, anchors, grad_outputs=row, retain_graph=True, allow_unused=True)
-                 for row in vs]
+    per_probe = []
+    for k in range(probes):
+        row = rows[k] if rows else next(vectors)
+        per_probe.append(torch.autograd.grad(finals, anchors, grad_outputs=row, retain_graph=True,
+                                             allow_unused=True))
+        tick(1)
     return [None if per_probe[0][i] is None else [g[i] for g in per_probe] for i in range(len(anchors))]
 
 
@@ -410,6 +426,11 @@ def rank_gradient(model: nn.Module, inputs: ModelInputs | tuple, policy: Policy,
     state = {"done": 0, "total": probes}
     sharded = Sharding.of(model).sharded
 
+    def tick(k: int) -> None:
+        state["done"] += k
+        if progress:
+            progress(state["done"], state["total"])
+
     def one_pass(group: set[OpInstance] | None) -> _Shadow:
         shadow = _Shadow(wanted, policy, dtype, budget, group)
         with torch.enable_grad():
@@ -426,22 +447,18 @@ def rank_gradient(model: nn.Module, inputs: ModelInputs | tuple, policy: Policy,
             keys = list(shadow.anchors)
             found = {c: 0.0 for c in keys}
             reached: set[OpInstance] = set()
-            gen = torch.Generator().manual_seed(seed)  # the same probes for every group: groups do not
-            # change a candidate's score; one v per float output, whether this group reaches it or not
-            vs = [[torch.randn(t.shape, generator=gen, dtype=_F32).to(t.device, t.dtype) for t in leaves]
-                  for _ in range(probes)]
-            vs = [[v for v, t in zip(row, leaves, strict=False) if t.requires_grad] for row in vs]
             if finals and keys:
                 anchors = [shadow.anchors[c] for c in keys]
-                batched = shadow.used * probes <= budget and not sharded
-                for c, g in zip(keys, _projections(finals, anchors, vs, batched), strict=False):
+                one_probe = sum(t.numel() * t.element_size() for t in finals)  # its vectors (and as much again
+                batched = (shadow.used + 2 * one_probe) * probes <= budget and not sharded  # in gradients)
+                grads = _projections(finals, anchors, _probe_vectors(leaves, seed), probes, batched, tick)
+                for c, g in zip(keys, grads, strict=False):
                     if g is not None:
                         for x in g:
                             found[c] += float(x) ** 2
                         reached.add(c)
-            state["done"] += probes
-            if progress:
-                progress(state["done"], state["total"])
+            else:
+                tick(probes)
             del out, leaves, finals
             shadow.anchors.clear()
         for c in reached:

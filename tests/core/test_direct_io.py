@@ -114,3 +114,20 @@ def test_a_non_contiguous_tensor_is_written_as_its_values(tmp_path):
     t = torch.randn(4, 3)
     write_safetensors({"t": t.t()}, tmp_path / "m.safetensors")
     assert torch.equal(load_file(str(tmp_path / "m.safetensors"))["t"], t.t())
+
+
+def test_where_the_file_system_takes_o_direct_whole_chunks_go_direct(tmp_path):
+    """The fast path is the one taken, not a silent fallback: on a file system that opens with O_DIRECT (ext4,
+    xfs; not every tmpfs), whole chunks are written direct; only the tail goes through the cache."""
+    try:
+        os.close(os.open(tmp_path / "probe", os.O_WRONLY | os.O_CREAT | getattr(os, "O_DIRECT", 0)))
+    except OSError:
+        pytest.skip("this file system refuses O_DIRECT")
+    if not dio._O_DIRECT:
+        pytest.skip("no O_DIRECT on this system")
+    data = _payload(2 * 8192 + 100, seed=4)
+    with DirectWriter(tmp_path / "f.bin", chunk=8192) as out:
+        out.write(data)
+        assert out.direct and out.written == 2 * 8192  # two whole chunks flushed, direct
+    assert not out.direct and out.written == len(data)  # the tail, 100 bytes, through the cache
+    assert (tmp_path / "f.bin").read_bytes() == data

@@ -13,7 +13,6 @@ first transfer), the same bytes go through the page cache instead: the file is t
 from __future__ import annotations
 
 import errno
-import fcntl
 import mmap
 import os
 from collections.abc import Iterator
@@ -22,11 +21,16 @@ from pathlib import Path
 
 import numpy as np
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no O_DIRECT either
+    fcntl = None  # type: ignore[assignment]
+
 __all__ = ["DirectWriter", "read_chunks", "CHUNK"]
 
 CHUNK = 1 << 24  # bytes per transfer: large enough for the device, small enough to stay in cache when copied
 _BLOCK = 4096  # O_DIRECT wants offsets and lengths in whole blocks: 4096 covers the usual 512 and 4096
-_O_DIRECT = getattr(os, "O_DIRECT", 0)
+_O_DIRECT = getattr(os, "O_DIRECT", 0) if fcntl is not None else 0  # Linux; elsewhere the cache as before
 
 
 def _buffered(fd: int) -> None:

@@ -135,16 +135,16 @@ def read_chunks(path: str | Path, chunk: int = CHUNK) -> Iterator[memoryview]:
         raise ValueError(f"chunk must be a positive multiple of {_BLOCK} bytes, got {chunk}")
     fd, direct = _open(path, os.O_RDONLY)
     maps = [mmap.mmap(-1, chunk), mmap.mmap(-1, chunk)]
-    state = {"direct": direct}
 
     def read(i: int, offset: int) -> int:
+        nonlocal direct
         try:
             return os.preadv(fd, [maps[i]], offset)
         except OSError as e:
-            if not (state["direct"] and e.errno == errno.EINVAL):
+            if not (direct and e.errno == errno.EINVAL):
                 raise
             _buffered(fd)
-            state["direct"] = False
+            direct = False
             return os.preadv(fd, [maps[i]], offset)
 
     try:

@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 
 from tuner.core.direct_io import DirectWriter
 
-__all__ = ["write_safetensors", "FORMAT_DTYPES"]
+__all__ = ["write_safetensors", "encode_header", "FORMAT_DTYPES"]
 
 # name in the file, in safetensors' order: a file lists its tensors by this rank (first first), then by name
 FORMAT_DTYPES: dict[torch.dtype, str] = {
@@ -27,6 +27,13 @@ FORMAT_DTYPES: dict[torch.dtype, str] = {
     torch.float16: "F16", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
 }
 _RANK = {dtype: i for i, dtype in enumerate(FORMAT_DTYPES)}
+
+
+def encode_header(head: Mapping[str, object]) -> bytes:
+    """A safetensors header as the file holds it: compact JSON, padded with spaces to a multiple of 8 bytes
+    (safetensors' own padding; the data after it stays aligned)."""
+    raw = json.dumps(head, separators=(",", ":")).encode()
+    return raw + b" " * (-len(raw) % 8)
 
 
 def _header(tensors: Mapping[str, torch.Tensor], order: list[str], metadata: Mapping[str, str] | None) -> bytes:
@@ -37,8 +44,7 @@ def _header(tensors: Mapping[str, torch.Tensor], order: list[str], metadata: Map
         size = t.numel() * t.element_size()
         head[name] = {"dtype": FORMAT_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [at, at + size]}
         at += size
-    raw = json.dumps(head, separators=(",", ":")).encode()
-    return raw + b" " * (-len(raw) % 8)
+    return encode_header(head)
 
 
 def write_safetensors(tensors: Mapping[str, torch.Tensor], path: str | Path,

@@ -196,7 +196,6 @@ class _FileReader:
         """The file's sha256, reading what is left of it; None when it is not `size` bytes long."""
         self._skip_to(size)
         whole = self._at == size and next(self._chunks, None) is None
-        self.close()
         return self._hash.hexdigest() if whole else None
 
     def close(self) -> None:

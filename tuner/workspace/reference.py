@@ -11,7 +11,6 @@ again and compares each with its reference tensor, read alone.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import struct
@@ -27,13 +26,11 @@ from tuner.core.fingerprint import sha256_file
 from tuner.core.inputs import ModelInputs
 from tuner.core.loader import call_forward
 from tuner.core.output_files import REFERENCE_NAME
+from tuner.core.safetensors_write import FORMAT_DTYPES, encode_header
 from tuner.measure.fidelity import Metric, MetricSum, reference_of, select_output
 from tuner.workspace.manifest import Manifest
 
 __all__ = ["FidelityEvaluate", "write_streamed", "read_key"]
-
-_DTYPES = {torch.float32: "F32", torch.int64: "I64"}
-
 
 def write_streamed(path: Path, tensors: Iterator[tuple[str, torch.Tensor]], metadata: dict[str, str]) -> None:
     """A safetensors file from tensors made one at a time (only one held at once), written atomically."""
@@ -44,12 +41,11 @@ def write_streamed(path: Path, tensors: Iterator[tuple[str, torch.Tensor]], meta
         with os.fdopen(fd, "wb") as fh:
             for name, tensor in tensors:
                 data = tensor.detach().contiguous().cpu().numpy().tobytes()
-                header[name] = {"dtype": _DTYPES[tensor.dtype], "shape": list(tensor.shape),
+                header[name] = {"dtype": FORMAT_DTYPES[tensor.dtype], "shape": list(tensor.shape),
                                 "data_offsets": [offset, offset + len(data)]}
                 fh.write(data)
                 offset += len(data)
-        head = json.dumps(header, separators=(",", ":")).encode()
-        head += b" " * (-len(head) % 8)
+        head = encode_header(header)
         tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "wb") as out, open(part, "rb") as src:
             out.write(struct.pack("<Q", len(head)) + head)

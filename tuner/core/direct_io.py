@@ -39,6 +39,12 @@ def _buffered(fd: int) -> None:
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_O_DIRECT)
 
 
+def _check_chunk(chunk: int) -> None:
+    """ValueError unless `chunk` (a transfer's bytes) is whole blocks, as O_DIRECT wants."""
+    if chunk <= 0 or chunk % _BLOCK:
+        raise ValueError(f"chunk must be a positive multiple of {_BLOCK} bytes, got {chunk}")
+
+
 def _open(path: str | Path, flags: int, mode: int = 0o666) -> tuple[int, bool]:
     """(fd, direct): opened with O_DIRECT when that is taken, else without."""
     if _O_DIRECT:
@@ -56,8 +62,7 @@ class DirectWriter:
     `tuner.core.fileio.atomic_write`)."""
 
     def __init__(self, path: str | Path, chunk: int = CHUNK) -> None:
-        if chunk <= 0 or chunk % _BLOCK:
-            raise ValueError(f"chunk must be a positive multiple of {_BLOCK} bytes, got {chunk}")
+        _check_chunk(chunk)
         self._fd, self.direct = _open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         self._map = mmap.mmap(-1, chunk)  # page-aligned, as O_DIRECT requires of the memory too
         self._stage = np.frombuffer(self._map, dtype=np.uint8)
@@ -131,8 +136,7 @@ def read_chunks(path: str | Path, chunk: int = CHUNK) -> Iterator[memoryview]:
     """The file's bytes from its start, in order, `chunk` bytes at a time (the last shorter). Each view is
     valid until the next is asked for (two buffers take turns: the next chunk is read in a thread while the
     caller works on this one)."""
-    if chunk <= 0 or chunk % _BLOCK:
-        raise ValueError(f"chunk must be a positive multiple of {_BLOCK} bytes, got {chunk}")
+    _check_chunk(chunk)
     fd, direct = _open(path, os.O_RDONLY)
     maps = [mmap.mmap(-1, chunk), mmap.mmap(-1, chunk)]
 

@@ -32,6 +32,7 @@ from tuner.workspace.manifest import Manifest
 
 __all__ = ["FidelityEvaluate", "write_streamed", "read_key"]
 
+
 def write_streamed(path: Path, tensors: Iterator[tuple[str, torch.Tensor]], metadata: dict[str, str]) -> None:
     """A safetensors file from tensors made one at a time (only one held at once), written atomically."""
     header: dict[str, Any] = {"__metadata__": metadata}

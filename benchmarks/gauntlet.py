@@ -14,6 +14,7 @@ tune constants on `--split dev` only.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import random
 import statistics
@@ -218,9 +219,10 @@ class Task:
     seed: int
     overflow: bool
     samples: int = 96
+    input_seed: int | None = None  # the inputs' seed (None: `seed`); the model is always `seed`'s
 
     def __post_init__(self) -> None:
-        g = torch.Generator().manual_seed(self.seed)
+        g = torch.Generator().manual_seed(self.seed if self.input_seed is None else self.input_seed)
         if self.family == "cnn":
             self.x = torch.randn(self.samples, 3, 8, 8, generator=g)
         else:
@@ -254,6 +256,11 @@ class Task:
 
     def example_inputs(self) -> tuple:
         return (self.x[:16],)
+
+    def redraw(self, k: int) -> Task:
+        """The same model, metric and labelling rule on a fresh draw `k` of inputs (the FP32 reference and the
+        labels recomputed on it): the task a plan must also hold on if it was not fitted to one sample."""
+        return dataclasses.replace(self, input_seed=10_000_000 + 7919 * k + self.seed)
 
     def _logits(self, model: nn.Module) -> torch.Tensor:
         return model(self.x).reshape(-1, CLASSES).float()
@@ -306,7 +313,26 @@ def calibrate(task: Task, rng: random.Random) -> float | None:
     return allowed if task.metric == "kl" else allowed / abs(base)
 
 
-def run_task(index: int, split: str, oracle_cap: int) -> dict[str, Any]:
+def fresh_passes(task: Task, options: TuneOptions, plans: dict[str, frozenset[str] | None],
+                 draws: int) -> dict[str, int | None]:
+    """How many of `draws` fresh input draws (`Task.redraw`) each plan passes, judged as a trial judges it: the
+    FP32 baseline re-measured on the draw, the same tolerance. A plan is the labels of the candidates it keeps
+    FP32 (None: no plan, counted None)."""
+    counts: dict[str, int | None] = {name: None if labels is None else 0 for name, labels in plans.items()}
+    for k in range(draws):
+        fresh = task.redraw(k)
+        lab = Lab(fresh.build, fresh.evaluate, fresh.example_inputs, options)
+        for name, labels in plans.items():
+            if labels is None:
+                continue
+            idx = frozenset(i for i, c in enumerate(lab.found.instances) if c.label() in labels)
+            if len(idx) != len(labels):
+                raise RuntimeError(f"{task.name}: a fresh draw found other candidates than the plan names")
+            counts[name] = (counts[name] or 0) + lab.trials.probe(idx, {}).passed
+    return counts
+
+
+def run_task(index: int, split: str, oracle_cap: int, draws: int) -> dict[str, Any]:
     for attempt in range(ATTEMPTS):
         task = draw(index, split, attempt)
         tol = calibrate(task, random.Random(task.seed + 99))
@@ -332,6 +358,13 @@ def run_task(index: int, split: str, oracle_cap: int) -> dict[str, Any]:
         orc.share, best_is_mpt = mine, True
     else:
         best_is_mpt = False
+    labels = {"mpt": None if mine is None else frozenset(c.label() for c in res.plan.fp32_instances),
+              "oracle": None if orc.fp32 is None else frozenset(c.label() for c in orc.fp32),
+              "all-low": frozenset[str]()}
+    if best_is_mpt:
+        labels["oracle"] = labels["mpt"]
+    fresh = fresh_passes(task, opts, labels, draws)
+    t3 = time.monotonic()
     if orc.share is None:
         ratio = None
     elif orc.share == 0:
@@ -341,8 +374,8 @@ def run_task(index: int, split: str, oracle_cap: int) -> dict[str, Any]:
     return {"task": task, "tol": tol, "n": n, "units": orc.units, "evals": res.evals,
             "bound": math.ceil(math.log2(max(n, 1))) + 4, "mpt": mine, "oracle": orc.share, "ratio": ratio,
             "oracle_evals": orc.evals, "independent": independent, "all_low_passed": orc.all_low_passed,
-            "note": "mpt's plan is the best known" if best_is_mpt else "",
-            "secs": (t1 - t0, t2 - t1)}
+            "note": "mpt's plan is the best known" if best_is_mpt else "", "fresh": fresh, "draws": draws,
+            "secs": (t1 - t0, t2 - t1, t3 - t2)}
 
 
 def planted_pairs(seeds: int = 3) -> list[list[Any]]:
@@ -361,22 +394,35 @@ def fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}"
 
 
+def fresh_cell(r: dict[str, Any]) -> str:
+    f = r["fresh"]
+    return "/".join("-" if f[k] is None else str(f[k]) for k in ("mpt", "oracle", "all-low")) + f" of {r['draws']}"
+
+
+def fresh_totals(rows: list[dict[str, Any]]) -> str:
+    """Passes on fresh draws summed over `rows`, per plan: how often each plan holds off its tuning sample."""
+    if not rows or not rows[0]["draws"]:
+        return "-"
+    n = len(rows) * rows[0]["draws"]
+    return ", ".join(f"{k} {sum(r['fresh'][k] or 0 for r in rows)}/{n}" for k in ("mpt", "oracle", "all-low"))
+
+
 def report(rows: list[dict[str, Any]]) -> None:
     lines = []
     for r in rows:
         t = r["task"]
         fam = t.family + (" (overflow)" if t.overflow else "")
         if "skip" in r:
-            lines.append([t.name, fam, t.dtype, t.metric, "-", "-", "-", "-", "-", "-", r["skip"]])
+            lines.append([t.name, fam, t.dtype, t.metric, "-", "-", "-", "-", "-", "-", "-", r["skip"]])
             continue
         lines.append([t.name, fam, t.dtype, t.metric, f"{r['n']}/{r['units']}", r["evals"], r["bound"],
-                      fmt(r["mpt"]), fmt(r["oracle"]), fmt(r["ratio"]),
-                      f"{r['oracle_evals']} oracle evals, {r['secs'][0]:.1f}+{r['secs'][1]:.1f} s"
+                      fmt(r["mpt"]), fmt(r["oracle"]), fmt(r["ratio"]), fresh_cell(r),
+                      f"{r['oracle_evals']} oracle evals, {r['secs'][0]:.1f}+{r['secs'][1]:.1f}+{r['secs'][2]:.1f} s"
                       + ("" if r["independent"] == r["oracle"] else
                          f"; oracle alone {fmt(r['independent'])}, then from mpt's plan")
                       + (f"; {r['note']}" if r["note"] else "")])
     print(table(["task", "family", "dtype", "metric", "N cand/units", "mpt evals", "bound ceil(log2 N)+4",
-                 "mpt share", "oracle share", "ratio", "notes"], lines))
+                 "mpt share", "oracle share", "ratio", "fresh passes mpt/oracle/all-low", "notes"], lines))
     done = [r for r in rows if "skip" not in r and r["ratio"] is not None]
     if not done:
         print("\nno task ran")
@@ -400,6 +446,14 @@ def report(rows: list[dict[str, Any]]) -> None:
          f"{sum(x for _, _, x in planted)} of {len(planted)} exact",
          pass_fail(all(e <= 5 and x for _, e, x in planted))],
     ]))
+    below = [r for r in done if r["ratio"] < 0.85]
+    print("\n### Do the plans hold on fresh inputs? (not a target: how much of the oracle's share is fitted to "
+          "the 96 samples it searched on)\n")
+    print(table(["tasks", "count", "fresh draws passed"], [
+        ["all", len(done), fresh_totals(done)],
+        ["below 0.85 x the oracle", len(below), fresh_totals(below)],
+        ["the rest", len(done) - len(below), fresh_totals([r for r in done if r["ratio"] >= 0.85])],
+    ]))
 
 
 def main() -> None:
@@ -409,6 +463,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="8 tasks (about 1-2 min)")
     ap.add_argument("--oracle-cap", type=int, default=800, help="most evaluations per oracle")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--fresh", type=int, default=8, metavar="K",
+                    help="fresh input draws on which mpt's, the oracle's and the all-low plan are judged again")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     n = 8 if args.quick else args.tasks
@@ -417,7 +473,7 @@ def main() -> None:
     t0 = time.monotonic()
     rows = []
     for i in range(n):
-        rows.append(run_task(i, args.split, args.oracle_cap))
+        rows.append(run_task(i, args.split, args.oracle_cap, args.fresh))
         print(f"  done {rows[-1]['task'].name} ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
     report(rows)
     print(f"\n{time.monotonic() - t0:.0f} s in all")

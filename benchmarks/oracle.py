@@ -224,6 +224,7 @@ def main() -> None:
     ap.add_argument("--lower-is-better", action="store_true")
     ap.add_argument("--max-evals", type=int, default=None, help="cap on the oracle's evaluations")
     args = ap.parse_args()
+    sys.path.insert(0, str(Path(args.model).resolve().parent))  # as `mpt tune` does: the file's own imports
     mod = types.SimpleNamespace(**runpy.run_path(args.model))
     opts = TuneOptions(dtype=args.dtype, tolerance=args.tolerance, absolute=args.absolute,
                        lower_is_better=args.lower_is_better)

@@ -398,7 +398,7 @@ def fmt(v: float | None) -> str:
 
 def fresh_cell(r: dict[str, Any]) -> str:
     f = r["fresh"]
-    return "/".join("-" if f[k] is None else str(f[k]) for k in ("mpt", "oracle", "all-low")) + f" of {r['draws']}"
+    return "/".join("-" if v is None else str(v) for v in f.values()) + f" of {r['draws']}"  # run_task's order
 
 
 def fresh_totals(rows: list[dict[str, Any]]) -> str:
@@ -406,7 +406,7 @@ def fresh_totals(rows: list[dict[str, Any]]) -> str:
     if not rows or not rows[0]["draws"]:
         return "-"
     n = len(rows) * rows[0]["draws"]
-    return ", ".join(f"{k} {sum(r['fresh'][k] or 0 for r in rows)}/{n}" for k in ("mpt", "oracle", "all-low"))
+    return ", ".join(f"{k} {sum(r['fresh'][k] or 0 for r in rows)}/{n}" for k in rows[0]["fresh"])
 
 
 def report(rows: list[dict[str, Any]]) -> None:

@@ -171,6 +171,39 @@ def build_model():
 """
 
 
+# (d) a rotary embedding as every HF decoder writes it: its frequencies inside the model's own
+# torch.autocast(enabled=False) region, so they run in FP32 under any plan (issue 33)
+ROTARY = """
+class Rotary(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("inv_freq", torch.randn(1, 16))
+
+    def forward(self, x):
+        with torch.autocast(x.device.type, enabled=False):
+            return (x.float()[..., :1] @ self.inv_freq).cos()
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.rotary = Rotary()
+        self.proto = nn.Parameter(torch.randn(4, 16))
+
+    def forward(self, x):
+        h = self.a(x)
+        h = h * self.rotary(h)
+        # a fragile op: bf16 rounding of 1000 + small swamps the signal, so the plan keeps it FP32
+        return torch.cdist(h + 1000.0, self.proto + 1000.0)
+
+
+def build_model():
+    torch.manual_seed(0)
+    return Model().eval()
+"""
+
+
 def _tune_and_load(tmp_path: Path, source: str, *extra: str):
     path = tmp_path / "model.py"
     path.write_text(textwrap.dedent(HEADER) + textwrap.dedent(source))
@@ -192,10 +225,10 @@ def _tune_and_load(tmp_path: Path, source: str, *extra: str):
     return plan, trial, deployed, out, user
 
 
-def _check_agree(plan: Plan, trial, deployed) -> None:
+def _check_agree(plan: Plan, trial, deployed, model_fp32: frozenset[str] = frozenset()) -> None:
     assert torch.equal(trial.output, deployed.output)  # the loaded model gives the trial's bits
     assert trial.gemms == deployed.gemms
-    fp32 = {i.module for i in plan.fp32_instances}
+    fp32 = {i.module for i in plan.fp32_instances} | model_fp32
     for path, dtypes in deployed.gemms.items():  # every matmul where the plan says
         assert dtypes == ({torch.float32} if path in fp32 else {torch.bfloat16}), (path, dtypes)
 
@@ -274,3 +307,24 @@ def test_tracker_names_an_unregistered_module_by_its_caller(fresh):
                                           recorder=lambda d, *r: seen.append((d.module, d.op))):
         model(torch.randn(2, 4))
     assert ("" if fresh else "act", "silu") in seen
+
+
+def test_a_models_own_autocast_off_region_is_kept_fp32_by_the_model_in_trials_report_and_load(tmp_path):
+    plan, trial, deployed, out, user = _tune_and_load(tmp_path, ROTARY, "--metric", "rel-error", "--tolerance", "1e-6")
+    kept = {i.module for i in plan.fp32_instances}
+    assert kept and "rotary" not in kept  # an FP32 island of the plan's; the rotary is the model's own decision
+    _check_agree(plan, trial, deployed, model_fp32=frozenset({"rotary"}))
+    assert deployed.gemms["rotary"] == {torch.float32}
+    loaded = tuner.load(user.build(), out)
+    with torch.no_grad():
+        assert torch.equal(loaded(*user.example_inputs()), trial.output)
+    assert "kept FP32 by the model" in (out / "report.md").read_text()
+    res = CliRunner().invoke(main, ["check", str(out)])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["inspect", str(tmp_path / "model.py"), "--plan", str(out)])
+    assert res.exit_code == 0, res.output
+    rows = [line.split() for line in res.output.splitlines() if line.startswith("rotary ")]
+    assert rows and all(r[-1] == "model-fp32" and r[3] == "fp32" for r in rows if r[1].startswith("matmul"))
+    python = tuner.load(user.build(), out, engine="python")  # mpt's own engine keeps the region too
+    tuner.detach(python)
+    assert observe(python, plan, user.example_inputs()).gemms["rotary"] == {torch.float32}

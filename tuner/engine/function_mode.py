@@ -63,6 +63,16 @@ class _EngineThread(threading.local):
     def __init__(self) -> None:
         self.counts: dict[tuple[str, str], int] = {}
         self.overrides: list[torch.dtype | None] = [None]
+        self.nesting: list[int] = []  # torch.autocast's nesting depth at each entry of the engine
+
+
+def autocast_nesting() -> int:
+    """How many `torch.autocast` blocks (enabled or not) are open on this thread. torch keeps the count but
+    offers no getter: one step up and back down reads it (the cache is cleared by autocast's own exit, not
+    by the count reaching 0, so this clears nothing)."""
+    depth = torch.autocast_increment_nesting()
+    torch.autocast_decrement_nesting()
+    return depth - 1
 
 
 def casts_disabled() -> bool:
@@ -271,12 +281,15 @@ class PrecisionEngine(TorchFunctionMode):
         with self._users_lock:
             self._users += 1
         rnn_inputs.acquire()
+        self._thread.nesting.append(autocast_nesting())
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:
         try:
             super().__exit__(*exc)
         finally:
+            if self._thread.nesting:
+                self._thread.nesting.pop()
             self.tracker.remove()
             rnn_inputs.release()
             with self._users_lock:
@@ -330,7 +343,10 @@ class PrecisionEngine(TorchFunctionMode):
             counts = self._thread.counts
             index = counts.get(key, 0)
             counts[key] = index + 1
-        target, rule, detail = self._target(info, rule, detail, (path, name, index), args, kwargs)
+        if not rule.forced and self._in_model_fp32():
+            target, rule, detail = None, Rule.MODEL_FP32, ""
+        else:
+            target, rule, detail = self._target(info, rule, detail, (path, name, index), args, kwargs)
 
         casts = 0
         raw_args, raw_kwargs = args, kwargs
@@ -356,6 +372,17 @@ class PrecisionEngine(TorchFunctionMode):
         finally:
             TorchFunctionMode.__exit__(self, None, None, None)
             active.discard(func)
+
+    def _in_model_fp32(self) -> bool:
+        """Inside a `torch.autocast(..., enabled=False)` block the model opened itself (every HF rotary
+        embedding has one): its ops run as the model wrote them, in every trial and in the deployed model,
+        as torch.autocast runs them. Told apart from "no autocast at all" (the engine's own state) by
+        torch.autocast's nesting depth: deeper than at the engine's entry, with autocast off."""
+        entered = self._thread.nesting
+        if not entered or autocast_nesting() <= entered[-1]:
+            return False
+        devices = (self.device,) if self.device is not None else ("cpu", "cuda")
+        return not any(torch.is_autocast_enabled(d) for d in devices)
 
     def _aten_rule(self, info: _FuncInfo, aten: str | None) -> tuple[str, Rule, str]:
         """(op name, rule, detail) for a call torch runs as the ATen op `aten` (`pad` as `reflection_pad2d`):
@@ -404,7 +431,8 @@ class PrecisionEngine(TorchFunctionMode):
                   args: tuple, kwargs: dict, raw_args: tuple, raw_kwargs: dict, out: Any = None) -> Decision:
         """The Decision for a call that ran: a call with nothing castable gets the rule that says why."""
         in_dtypes = tuple(self._float_dtypes(raw_args, raw_kwargs, first_only=False, all_=True))
-        if casts == 0 and not rule.forced and not self._float_dtypes(raw_args, raw_kwargs, first_only=True):
+        if casts == 0 and (not rule.forced or rule is Rule.MODEL_FP32) and \
+                not self._float_dtypes(raw_args, raw_kwargs, first_only=True):
             target, rule, detail = None, self._not_castable(raw_args, raw_kwargs), ""
         compute = target if target is not None else _ran_in(rule, kwargs, out,
                                                               self._float_dtypes(args, kwargs, first_only=False,

@@ -26,6 +26,7 @@ from typing import Any
 
 from tuner.engine.function_mode import Decision
 from tuner.measure.flops import op_flops
+from tuner.policy.rules import Rule
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class Shares:
     lower_calls: int = 0
     flops: int = 0
     lower_flops: int = 0
+    model_flops: int = 0  # FLOPs in the model's own FP32 regions (`Rule.MODEL_FP32`): no plan can lower them
 
     @property
     def call_share(self) -> float:
@@ -53,17 +55,21 @@ class Shares:
         their inputs' precision turn FP32 downstream of an FP32 instance, which only a forward can tell.
         Trial lines therefore show the FLOP share; the plan's call share comes from a recorded forward
         (`tuner.report.checkpoint.plan_pass`)."""
-        return Shares(self.calls, max(0, self.lower_calls - calls), self.flops, max(0, self.lower_flops - flops))
+        return Shares(self.calls, max(0, self.lower_calls - calls), self.flops, max(0, self.lower_flops - flops),
+                      self.model_flops)
 
     def short(self) -> str:
         return short_text(self.flop_share)
 
     def text(self, dtype: str) -> str:
-        return share_text(self.flop_share, self.call_share, dtype)
+        kept = (f"; {percent(self.model_flops / self.flops)} of matmul/conv FLOPs kept FP32 by the model"
+                if self.model_flops else "")
+        return share_text(self.flop_share, self.call_share, dtype) + kept
 
     def to_dict(self) -> dict[str, float]:
         """The report.json keys of the plan's shares."""
-        return {"low_precision_flop_share": self.flop_share, "low_precision_call_share": self.call_share}
+        return {"low_precision_flop_share": self.flop_share, "low_precision_call_share": self.call_share,
+                "model_fp32_flop_share": self.model_flops / self.flops if self.flops else 0.0}
 
 
 class ShareCounter:
@@ -76,7 +82,7 @@ class ShareCounter:
     """
 
     def __init__(self) -> None:
-        self._calls = self._lower_calls = self._flops = self._lower_flops = 0
+        self._calls = self._lower_calls = self._flops = self._lower_flops = self._model_flops = 0
 
     def add(self, decision: Decision, args: tuple, kwargs: dict, out: Any) -> None:
         """Count one call (the recorder's arguments)."""
@@ -85,6 +91,8 @@ class ShareCounter:
     def count(self, decision: Decision, flops: int) -> None:
         """Count one call whose FLOPs are known."""
         self._flops += flops
+        if decision.rule is Rule.MODEL_FP32:
+            self._model_flops += flops
         if decision.compute is None:
             return
         self._calls += 1
@@ -94,7 +102,7 @@ class ShareCounter:
 
     @property
     def shares(self) -> Shares:
-        return Shares(self._calls, self._lower_calls, self._flops, self._lower_flops)
+        return Shares(self._calls, self._lower_calls, self._flops, self._lower_flops, self._model_flops)
 
 
 def percent(share: float) -> str:

@@ -33,6 +33,7 @@ class Rule(str, Enum):
     FLOAT64 = "float64"
     OTHER_DEVICE = "other_device"
     NO_FLOAT = "no_float"
+    MODEL_FP32 = "model_fp32"  # the model's own `torch.autocast(..., enabled=False)` region
 
     def __str__(self) -> str:
         return self.value
@@ -87,9 +88,10 @@ _TEXT = {
     Rule.FLOAT64: "float64: never cast",
     Rule.OTHER_DEVICE: "on another device: not cast",
     Rule.NO_FLOAT: "no floating-point input",
+    Rule.MODEL_FP32: "kept FP32 by the model (its autocast is off)",
 }
 _MUTATES = frozenset({Rule.INPLACE, Rule.INPLACE_FIRST_INPUT, Rule.OUT, Rule.OUT_FIRST_INPUT})
-_FORCED = _MUTATES | {Rule.EXPLICIT_DTYPE, Rule.FLOAT64, Rule.OTHER_DEVICE, Rule.NO_FLOAT}
+_FORCED = _MUTATES | {Rule.EXPLICIT_DTYPE, Rule.FLOAT64, Rule.OTHER_DEVICE, Rule.NO_FLOAT, Rule.MODEL_FP32}
 _UNLISTED = {UnlistedMode.PASSTHROUGH: Rule.PASSTHROUGH, UnlistedMode.FIRST_INPUT: Rule.FIRST_INPUT,
              UnlistedMode.FP32: Rule.UNLISTED_FP32}
 

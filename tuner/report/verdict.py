@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.measure.shares import share_text
 from tuner.report.metric_text import fmt_metric, metric_digits
 from tuner.report.outcome import TuneReport
 from tuner.search.results import TuneResult, TuneStatus
@@ -32,7 +31,7 @@ class Verdict:
 
 def plan_share(report: TuneReport) -> str:
     """The plan's lower-precision share, as every summary writes it (tuner.measure.shares)."""
-    return share_text(report.shares.flop_share, report.shares.call_share, report.plan.dtype)
+    return report.shares.text(report.plan.dtype)
 
 
 def run_digits(result: TuneResult, report: TuneReport) -> int:

@@ -5,12 +5,12 @@
 - `structure_digest`: module paths and classes, parameter/buffer names and shapes.
   Dtypes are left out on purpose: a loaded checkpoint stores some weights in
   bf16 and must still match the FP32 model it was tuned on.
-- `weights_digest`: sha256 over every tensor of the state dict (names, dtypes,
-  shapes, bytes). One pass over the weights, about 1-2 GB/s on a CPU.
-- `weights_checksum`: a fast, non-cryptographic sum over every byte of every
-  tensor (tens of GB/s: numpy's vectorized integer sums), position-weighted per
-  block. It tells whether a model's weights changed since the last look; it does
-  not stand in for `weights_digest` where a file or a journal is identified.
+- `tensor_checksums`: a fast, non-cryptographic sum over every byte of every
+  tensor, position-weighted per block, reduced by torch where the tensor lives
+  (GPU memory bandwidth on a GPU; tens of GB/s on a CPU): no weight byte is
+  copied to the host, only 8 bytes per tensor come back.
+- `weights_digest`: sha256 over every tensor's name, dtype, shape and checksum:
+  what a journal or plan records of the weights it was made for.
 - `ModelState`: a cheap record of a model's object graph (module and tensor
   identities, version counters, training flags, hooks) plus its weights
   checksum, to tell whether `evaluate` changed the model. Taken after every
@@ -24,13 +24,11 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
 from tuner.core.sharding import class_name, is_dtensor, local_tensor, placements
 
-_CHUNK = 1 << 24  # bytes copied from a non-CPU device at a time
 _BLOCK = 1 << 13  # 64-bit words per block of the checksum: a change that moves data between blocks shows
 _MASK = (1 << 64) - 1
 
@@ -88,33 +86,21 @@ def structure_digest(model: nn.Module) -> str:
     return h.hexdigest()
 
 
-def _tensor_bytes(t: torch.Tensor, h: hashlib._Hash) -> None:
-    t = t.detach()
-    if t.device.type == "meta":
-        h.update(b"meta")
-        return
-    t = local_tensor(t)
-    flat = t.contiguous().reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
-    if flat.device.type == "cpu":
-        h.update(flat.numpy().data)
-        return
-    for start in range(0, flat.numel(), _CHUNK):
-        h.update(flat[start:start + _CHUNK].cpu().numpy().data)
-
-
 def weights_digest(model: nn.Module) -> str:
-    """sha256 of the state dict. A sharded model's is every rank's digest of its own shards (with their
-    placements) combined over the mesh, in rank order: a collective, the same value on every rank."""
-    h = hashlib.sha256()
+    """A digest of the state dict: sha256 over every tensor's name, dtype, shape and `tensor_checksums`
+    checksum (every byte of it, summed where the tensor lives). It identifies the weights a journal or plan
+    was made for without copying them off their device (issue 33: on a GPU, 9,000 copies to the host and a
+    host-side hash were a fifth of a tune). A sharded model's is every rank's digest of its own shards (with
+    their placements) combined over the mesh, in rank order: a collective, the same value on every rank."""
+    h = hashlib.sha256(b"mpt-weights-2\n")
     sharded = None
-    for name, t in model.state_dict(keep_vars=True).items():
-        if not isinstance(t, torch.Tensor):
-            continue
+    state = {name: t for name, t in model.state_dict(keep_vars=True).items() if isinstance(t, torch.Tensor)}
+    sums = dict((entry[0], entry[3]) for entry in tensor_checksums(model))
+    for name, t in state.items():
         where = ""
         if is_dtensor(t):
             sharded, where = t, f" {placements(t)}"
-        h.update(f"{name} {t.dtype} {tuple(t.shape)}{where}\n".encode())
-        _tensor_bytes(t, h)
+        h.update(f"{name} {t.dtype} {tuple(t.shape)}{where} {sums[name]}\n".encode())
     if sharded is None:
         return h.hexdigest()
     import torch.distributed as dist
@@ -124,28 +110,24 @@ def weights_digest(model: nn.Module) -> str:
     return hashlib.sha256(" ".join(str(d) for d in found).encode()).hexdigest()
 
 
-def _words_checksum(words: np.ndarray) -> int:
-    """Sum of the 64-bit words plus each block's sum weighted by its position (both modulo 2**64)."""
-    full = words.size - words.size % _BLOCK
-    blocks = words[:full].reshape(-1, _BLOCK).sum(axis=1, dtype=np.uint64) if full else np.zeros(0, np.uint64)
-    weights = np.arange(1, blocks.size + 1, dtype=np.uint64)
-    tail = int(words[full:].sum(dtype=np.uint64))
-    return (int(blocks.sum(dtype=np.uint64)) + tail + int((blocks * weights).sum(dtype=np.uint64))
-            + (blocks.size + 1) * tail) & _MASK
-
-
-def _tensor_checksum(t: torch.Tensor) -> int:
+def _tensor_checksum(t: torch.Tensor) -> torch.Tensor | int:
+    """Sum of the tensor's 64-bit words plus each block's sum weighted by its position, plus its trailing
+    bytes (all modulo 2**64: torch's int64 sums wrap), computed by torch where the tensor lives: a 0-d tensor
+    on its device (0 for a tensor with no bytes). No byte is copied to the host."""
     t = local_tensor(t.detach())
     if t.device.type == "meta" or t.numel() == 0:
         return 0
-    flat = t.contiguous().reshape(-1).view(torch.uint8)
-    total = 0
-    for start in range(0, flat.numel(), _CHUNK * 64 if flat.device.type == "cpu" else _CHUNK):
-        part = flat[start:start + (_CHUNK * 64 if flat.device.type == "cpu" else _CHUNK)].cpu().numpy()
-        whole = part.size - part.size % 8
-        total = (total * 1_000_003 + _words_checksum(part[:whole].view(np.uint64))
-                 + int(part[whole:].sum(dtype=np.uint64))) & _MASK
-    return total
+    flat = (t if t.is_contiguous() else t.contiguous()).reshape(-1).view(torch.uint8)
+    whole = flat.numel() - flat.numel() % 8
+    try:
+        words = flat[:whole].view(torch.int64)
+    except RuntimeError:  # a view whose offset is not 8-byte aligned: its own copy is
+        words = flat[:whole].clone().view(torch.int64)
+    full = words.numel() - words.numel() % _BLOCK
+    blocks = words[:full].view(-1, _BLOCK).sum(dim=1)
+    rest = words[full:].sum() + flat[whole:].to(torch.int64).sum()
+    weights = torch.arange(1, blocks.numel() + 1, dtype=torch.int64, device=blocks.device)
+    return blocks.sum() + (blocks * weights).sum() + (blocks.numel() + 1) * rest
 
 
 def weights_checksum(model: nn.Module) -> str:
@@ -163,10 +145,14 @@ def tensor_checksums(model: nn.Module, *, since: Checksums | None = None,
                      changed: Collection[torch.Tensor] = ()) -> Checksums:
     """(name, dtype, shape, checksum) of every tensor of the state dict. With `since` (this model's checksums
     at an earlier look), only the tensors in `changed` (by identity) and the entries that do not line up are
-    read again: the caller knows that nothing else was touched in between."""
+    read again: the caller knows that nothing else was touched in between.
+
+    The checksums are reduced on each tensor's device and come to the host together, one small tensor per
+    device (`_on_host`): a model on a GPU costs a few kernel launches per tensor and one copy of 8 bytes
+    per tensor, never a copy of its weights."""
     ids = {id(t) for t in changed}
     old = {} if since is None else {entry[0]: entry for entry in since}
-    out = []
+    out: list[tuple[str, torch.dtype, tuple[int, ...], torch.Tensor | int]] = []
     for name, t in model.state_dict(keep_vars=True).items():
         if not isinstance(t, torch.Tensor):
             continue
@@ -175,7 +161,22 @@ def tensor_checksums(model: nn.Module, *, since: Checksums | None = None,
             out.append(before)
         else:
             out.append((name, t.dtype, tuple(t.shape), _tensor_checksum(t)))
-    return tuple(out)
+    values = _on_host([entry[3] for entry in out])
+    return tuple((name, dtype, shape, value & _MASK)
+                 for (name, dtype, shape, _), value in zip(out, values, strict=True))
+
+
+def _on_host(values: list[torch.Tensor | int]) -> list[int]:
+    """Python ints of `values` (0-d tensors on any devices, or ints): one transfer per device."""
+    found: list[int] = [v if isinstance(v, int) else 0 for v in values]
+    by_device: dict[torch.device, list[int]] = {}
+    for i, v in enumerate(values):
+        if isinstance(v, torch.Tensor):
+            by_device.setdefault(v.device, []).append(i)
+    for places in by_device.values():
+        for i, value in zip(places, torch.stack([values[i] for i in places]).tolist(), strict=True):  # type: ignore[misc]
+            found[i] = int(value)
+    return found
 
 
 def _object_graph(model: nn.Module) -> tuple:

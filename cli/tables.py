@@ -55,7 +55,7 @@ RULE_ABBREV: dict[Rule, str] = {
     Rule.FLOAT64: "float64",
     Rule.OTHER_DEVICE: "device",
     Rule.NO_FLOAT: "no-float",
-    Rule.MODEL_FP32: "model-fp32",
+    Rule.MODEL_FP32: "model",
 }
 
 

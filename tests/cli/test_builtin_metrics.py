@@ -13,6 +13,7 @@ import tuner
 from mpt_cli import exitcodes
 from tests.cli.test_bad_input import assert_error, mpt
 from tuner.core.output_files import MANIFEST_NAME, REFERENCE_NAME
+from tuner.workspace import reference
 
 MODEL = textwrap.dedent("""
     import torch
@@ -47,15 +48,19 @@ def test_tune_with_a_builtin_metric_then_check(runner, tmp_path, metric):
     lower = metric in ("kl", "rel-error")
     assert plan["metrics"]["lower_is_better"] is lower and plan["metrics"]["absolute"] is True
     assert plan["metrics"]["baseline"] == (0.0 if lower else 1.0)  # FP32 against its own outputs: exact
-    assert REFERENCE_NAME in json.loads((out / MANIFEST_NAME).read_text())["files"]
+    # the reference fits the memory budget: kept where the model runs, no file written (issue 33)
+    assert REFERENCE_NAME not in json.loads((out / MANIFEST_NAME).read_text())["files"]
+    assert not (out / REFERENCE_NAME).exists()
     check = mpt(runner, "check", out, "--json")
     assert check.exit_code == 0, check.output
     assert json.loads(check.stdout)["metric"] == pytest.approx(plan["metrics"]["tuned"], abs=1e-9)
 
 
-def test_resume_reads_the_reference_instead_of_computing_it(runner, tmp_path):
+def test_resume_reads_the_reference_instead_of_computing_it(runner, tmp_path, monkeypatch):
+    monkeypatch.setattr(reference, "MEMORY_SHARE", 0.0)  # past the budget: streamed to the file
     out, model = tmp_path / "out", _model(tmp_path, BATCHES)
     assert mpt(runner, "tune", model, "--metric", "cosine", "--out", out, "-q", "--no-latency").exit_code == 0
+    assert REFERENCE_NAME in json.loads((out / MANIFEST_NAME).read_text())["files"]
     stamp = (out / REFERENCE_NAME).stat().st_mtime_ns
     res = mpt(runner, "tune", model, "--metric", "cosine", "--out", out, "-q", "--no-latency", "--resume")
     assert res.exit_code == 0, res.output
@@ -112,3 +117,25 @@ def test_tuner_tune_with_a_metric_and_batches():
     assert result.plan.metrics["baseline"] == 0.0 and result.plan.metrics["lower_is_better"] is True
     with pytest.raises(TypeError, match="give evaluate, or metric="):
         tuner.tune(build)
+
+
+@pytest.mark.parametrize("share", [0.25, 0.0])
+def test_the_reference_comes_from_the_baseline_model_and_scores_alike_in_memory_or_streamed(tmp_path, share,
+                                                                                          monkeypatch):
+    """The baseline evaluation's FP32 model gives the reference (no second FP32 model built); a reference kept
+    in memory and one streamed to the file score a lowered model the same."""
+    from tuner.core.calibration import function_batches
+    from tuner.core.inputs import ModelInputs
+    from tuner.measure.fidelity import Metric
+
+    monkeypatch.setattr(reference, "MEMORY_SHARE", share)
+    user: dict = {}
+    exec(MODEL + BATCHES, user)  # noqa: S102 - the test's own model file text
+    build = user["build_model"]
+    data = function_batches(user["calibration_batches"], "calibration_batches", ModelInputs.of)
+    evaluate = reference.FidelityEvaluate(Metric.KL, data, build, output=None, device="cpu", folder=tmp_path)
+    assert evaluate(build()) == 0.0 and evaluate.builds == 0  # FP32 against itself: the baseline
+    assert (evaluate.held is None) == (tmp_path / REFERENCE_NAME).is_file() == (share == 0.0)
+    low = tuner.attach(build(), "torch-cpu", "bf16")
+    fresh = reference.FidelityEvaluate(Metric.KL, data, build, output=None, device="cpu", folder=None)
+    assert evaluate(low) == fresh(low) > 0 and fresh.builds == 1  # a lowered model first: FP32 built once

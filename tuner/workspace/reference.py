@@ -1,13 +1,18 @@
-"""The FP32 reference of a built-in fidelity metric, computed once and kept on disk, and the metric's evaluate.
+"""The FP32 reference of a built-in fidelity metric, computed once, and the metric's evaluate.
 
 `FidelityEvaluate` is an ordinary `evaluate(model) -> float` built by mpt: the search, its noise rules
-and `mpt check` treat it like the user's own. On its first call it builds the FP32 model once more
-(`build`), runs it on every calibration batch and writes what the metric needs of each batch's output
-(`tuner.measure.fidelity.reference_of`) to `fidelity-reference.safetensors` in `--out`, streamed: one
-batch's output in memory at a time (each tensor is appended to a part file, and the safetensors header,
-which needs every shape, is written in front once all are known). A later run in the same folder with the
-same metric, output and data (`--resume`) reads it instead. Every evaluation then streams the batches
-again and compares each with its reference tensor, read alone.
+and `mpt check` treat it like the user's own. The first time it is called it computes what the metric needs
+of the FP32 model's output on each calibration batch (`tuner.measure.fidelity.reference_of`): from the model
+it was handed when that is the FP32 model as built (the search's baseline evaluation: no plan attached, every
+floating tensor FP32), else from a model it builds once more (`build`).
+
+Where the reference is kept is sized against what an evaluation costs (issue 33): on the model's device, as
+long as it takes at most `MEMORY_SHARE` of that device's free memory, so no trial reads a file and no byte of
+it crosses to the host; past that budget it is written to `fidelity-reference.safetensors` in `--out`,
+streamed (one batch's output in memory at a time; the safetensors header, which needs every shape, is written
+in front once all are known), and every evaluation reads each batch's tensor alone. A later run in the same
+folder with the same metric, output and data (`--resume`) reads a written file instead of computing it; a
+reference kept in memory costs a resumed run one more FP32 pass.
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ from tuner.core.inputs import ModelInputs
 from tuner.core.loader import call_forward
 from tuner.core.output_files import REFERENCE_NAME
 from tuner.core.safetensors_write import FORMAT_DTYPES, encode_header
+from tuner.engine.attach import attached
 from tuner.measure.fidelity import Metric, MetricSum, reference_of, select_output
 from tuner.workspace.manifest import Manifest
 
@@ -74,11 +80,35 @@ def _mask(batch: ModelInputs) -> torch.Tensor | None:
     return mask if isinstance(mask, torch.Tensor) else None
 
 
+MEMORY_SHARE = 0.25  # of the device's free memory the reference may take before it is streamed to a file
+
+
+def memory_budget(device: str | torch.device) -> int:
+    """Bytes of reference the device may hold: `MEMORY_SHARE` of its free memory (a CUDA device's as torch's
+    allocator sees it, the host's available memory for the CPU)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+    else:
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):  # no sysconf: a modest fixed budget
+            free = 1 << 30
+    return int(free * MEMORY_SHARE)
+
+
+def as_built_fp32(model: torch.nn.Module) -> bool:
+    """`model` is an FP32 model with no plan attached: what `ModelKeeper` lends for the baseline evaluation,
+    whose outputs are the reference (the keeper has checked that every build gives the same weights)."""
+    floats = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
+    return attached(model) is None and all(t.dtype == torch.float32 for t in floats)
+
+
 class FidelityEvaluate:
     """`evaluate(model)` for a built-in metric: the metric of `model`'s outputs against the FP32 reference.
 
-    `folder` is where the reference file lives (`--out`); None keeps it in a temporary folder for this
-    process (`mpt check`, `tuner.tune` without an output folder).
+    `folder` is where the reference file lives when it is written (`--out`); None keeps it in a temporary
+    folder for this process (`mpt check`, `tuner.tune` without an output folder).
     """
 
     mpt_builtin = True  # tuner.core.loader: mpt's own evaluate (its errors are not the user's code)
@@ -90,6 +120,8 @@ class FidelityEvaluate:
         self._temp: tempfile.TemporaryDirectory[str] | None = None
         self.folder = folder
         self.key = f"{metric.value}|{output or ''}|{data.digest or data.describe}"
+        self.held: list[torch.Tensor] | None = None  # the reference, batch by batch, on the device
+        self.builds = 0  # FP32 models built for the reference (0 when the baseline's model gave it)
 
     def describe(self) -> str:
         return f"{self.metric.value} of {self.output or 'the output'} against FP32 on {self.data.describe}"
@@ -105,29 +137,78 @@ class FidelityEvaluate:
             out = call_forward(model, batch.to(self.device), what="forward on a calibration batch")
         return select_output(out, self.output)
 
-    def _reference(self) -> Path:
+    def _compute(self, model: torch.nn.Module | None, total: MetricSum) -> None:
+        """The reference, from `model` (the FP32 model as built) or a model built for it, each batch also
+        scored into `total` (the FP32 model against itself: the baseline's value); kept on the device while it
+        fits `memory_budget`, else streamed to the file (`_write`)."""
+        if model is None:
+            model = self.build().to(self.device).eval()  # the FP32 model, built once more, dropped when done
+            self.builds += 1
+        budget, kept, size = memory_budget(self.device), [], 0
+
+        for batch in self.data.batches():
+            y = self._forward(model, batch)
+            ref = reference_of(self.metric, y, _mask(batch))
+            total.add(y, _mask(batch), ref)
+            del y
+            size += ref.numel() * ref.element_size()
+            kept.append(ref)
+            if size > budget:
+                break
+        else:
+            self.held = kept
+            return
+        self._write(model, kept, total)
+
+    def _write(self, model: torch.nn.Module, kept: list[torch.Tensor], total: MetricSum) -> None:
+        """The reference past the memory budget: the batches computed so far, then the rest, into the file."""
         path = self._path()
-        if path.is_file() and read_key(path) == self.key:
-            return path
         manifest = Manifest(path.parent) if self.folder is not None else None
         if manifest is not None:
             manifest.check_ours([REFERENCE_NAME])  # a file mpt did not write is never replaced
             manifest.writing(REFERENCE_NAME)
 
         def tensors() -> Iterator[tuple[str, torch.Tensor]]:
-            model = self.build().to(self.device).eval()  # the FP32 model, built once more, dropped when written
+            done = len(kept)
+            for i in range(done):
+                yield f"batch.{i}", kept[i].cpu()
+                kept[i] = torch.empty(0)  # written: its memory goes
             for i, batch in enumerate(self.data.batches()):
-                yield f"batch.{i}", reference_of(self.metric, self._forward(model, batch), _mask(batch)).cpu()
+                if i < done:
+                    continue
+                y = self._forward(model, batch)
+                ref = reference_of(self.metric, y, _mask(batch))
+                total.add(y, _mask(batch), ref)
+                yield f"batch.{i}", ref.cpu()
 
         write_streamed(path, tensors(), {"key": self.key})
         if manifest is not None:
             manifest.wrote({REFERENCE_NAME: sha256_file(path)})
-        return path
 
     def __call__(self, model: torch.nn.Module) -> float:
+        if self.held is not None:
+            return self._from_held(model)
+        path = self._path()
+        if path.is_file() and read_key(path) == self.key:
+            return self._from_file(path, model)
+        own = as_built_fp32(model)
+        total = MetricSum(self.metric)
+        self._compute(model if own else None, total)
+        if own:  # scored while the reference was taken from it
+            return total.value()
+        return self._from_held(model) if self.held is not None else self._from_file(path, model)
+
+    def _from_held(self, model: torch.nn.Module) -> float:
+        """The metric of `model` against the reference kept on the device."""
+        total = MetricSum(self.metric)
+        for batch, reference in zip(self.data.batches(), self.held or (), strict=False):
+            total.add(self._forward(model, batch), _mask(batch), reference)
+        return total.value()
+
+    def _from_file(self, path: Path, model: torch.nn.Module) -> float:
+        """The metric of `model` against the reference file, each batch's tensor read alone."""
         from safetensors import safe_open
 
-        path = self._reference()
         total = MetricSum(self.metric)
         with safe_open(str(path), framework="pt") as fh:
             count = len([k for k in fh.keys() if k.startswith("batch.")])

@@ -6,6 +6,7 @@ from typing import Any
 
 from tuner.engine.native import Execution
 from tuner.report.outcome import TuneReport
+from tuner.search.phases import Phase
 from tuner.search.results import Trial, TuneResult
 
 REPORT_VERSION = 1
@@ -41,7 +42,7 @@ def report_dict(result: TuneResult, report: TuneReport) -> dict[str, Any]:
         "latency_ms": report.latency.to_dict() if report.latency is not None else None,
         "checkpoint": report.checkpoint.to_dict() if report.checkpoint is not None else None,
         "seconds": {"total": result.seconds + report.seconds, "evaluations": result.eval_seconds,
-                    "user_code": result.user_seconds},
+                    "user_code": result.user_seconds, "phases": _phases(result, report)},
         "scores": result.scores,
         "plan": plan.to_dict(),
         "trials": [_trial(t) for t in report.trials],
@@ -58,3 +59,11 @@ def _trial(t: Trial) -> dict[str, Any]:
 def _execution(ex: Execution) -> dict[str, Any]:
     return {"path": ex.path.value, "summary": ex.describe(), "fp32_islands": list(ex.fp32_islands),
             "fp32_subtrees": list(ex.fp32_subtrees), "python_modules": list(ex.python_modules)}
+
+
+def _phases(result: TuneResult, report: TuneReport) -> dict[str, dict[str, float]]:
+    """Seconds by phase (`tuner.search.phases`): mpt's own and inside evaluate, the report's measuring and
+    writing (the checkpoint with its read-back check) last."""
+    table = result.phases.table() if result.phases is not None else {}
+    table[Phase.REPORT.value] = {"own": round(report.seconds, 4), "evaluate": 0.0}
+    return table

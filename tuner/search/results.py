@@ -16,6 +16,7 @@ from tuner.measure.recorded import PlanRecord
 from tuner.measure.shares import Shares
 from tuner.options.tune import RankMethod, TuneOptions
 from tuner.policy.plan import OpInstance, Plan
+from tuner.search.phases import PhaseClock
 
 
 class TuneStatus(str, enum.Enum):
@@ -168,6 +169,7 @@ class TuneResult:
     lowered: dict[str, torch.dtype] | None = None
     # the written plan's recorded forward (its shares and claims; None: not recorded, the report records it)
     recorded: PlanRecord | None = None
+    phases: PhaseClock | None = None  # seconds by phase, mpt's own and inside evaluate (tuner.search.phases)
 
     def __repr__(self) -> str:
         """One line a notebook can show: the outcome, not every trial and the example inputs' tensors."""

@@ -40,6 +40,7 @@ from tuner.search.distributed import Ranks, SharedJournal
 from tuner.search.evaluator import Bounds, Evaluator
 from tuner.search.guide import Guide
 from tuner.search.noise import Acceptance, Baseline, coarse_metric_note, measure_baseline
+from tuner.search.phases import Phase, PhaseClock
 from tuner.search.plans import plan_for
 from tuner.search.repeatable import repeatable
 from tuner.search.results import (
@@ -97,37 +98,45 @@ class TuneSession:
         self.user_seconds = time.monotonic() - t0 if keeper is None else 0.0
         self.evaluator = Evaluator(evaluate, self.keeper, Bounds(self.started, options.max_evals, options.time_budget),
                                    journal=journal, ranks=self.ranks, emit=self.emit)
+        self.clock = PhaseClock(lambda: self.evaluator.eval_seconds)
         self.notes: list[str] = []
         self.recorded: PlanRecord | None = None  # the written plan's recorded forward (final_fp32)
         self.warnings: list[str] = []
 
     # --- the phases ------------------------------------------------------------------------------------------
     def run(self) -> TuneResult:
-        base, accept, inputs = self.measure_baseline()
+        phase = self.clock.phase
+        with phase(Phase.BASELINE):
+            base, accept, inputs = self.measure_baseline()
         found: Candidates | None = None
         scores: Scores = {}
         chosen: frozenset[OpInstance] | None = None
         stopped: StopReason | None = None
         try:
-            inputs = self.example_inputs(inputs)
-            found = self.find_candidates(inputs)
+            with phase(Phase.CANDIDATES):
+                inputs = self.example_inputs(inputs)
+                found = self.find_candidates(inputs)
             self.evaluator.inputs = found.inputs  # each trial holds lowered what its checkpoint would
             trials = SearchTrials(self.evaluator, found, base, accept, self.options)
-            first, low = self.all_low(found, trials)
-            base, accept, first = self.settle_noise(base, accept, trials, first)
-            self.check_metric_sees_outputs(found, base)
+            with phase(Phase.ALL_LOW):
+                first, low = self.all_low(found, trials)
+                base, accept, first = self.settle_noise(base, accept, trials, first)
+                self.check_metric_sees_outputs(found, base)
             if first.passed:
                 chosen = frozenset()
                 self.notes.append("everything eligible passes in the lower precision")
             elif found.instances:
                 limits = self.aid_limits(found, low)
-                scores = self.rank(found, limits.probes)
-                chosen, stopped = self.search(found, scores, trials, first, low, limits)
+                with phase(Phase.RANKING):
+                    scores = self.rank(found, limits.probes)
+                with phase(Phase.SEARCH):
+                    chosen, stopped = self.search(found, scores, trials, first, low, limits)
         except SearchStopped as stop:
             stopped = stop.reason  # type: ignore[assignment]
         except (KeyboardInterrupt, Interrupted):
             stopped = StopReason.INTERRUPTED
-        return self.result(base, accept, inputs, found, scores, chosen, stopped)
+        with phase(Phase.RESULT):
+            return self.result(base, accept, inputs, found, scores, chosen, stopped)
 
     def measure_baseline(self) -> tuple[Baseline, Acceptance, ModelInputs | None]:
         """The FP32 metric, evaluated once: the all-low trial then tells whether `evaluate` is deterministic
@@ -422,7 +431,7 @@ class TuneSession:
                           seconds=time.monotonic() - self.started, eval_seconds=ev.eval_seconds,
                           user_seconds=self.user_seconds, inputs=inputs, warnings=warnings,
                           noise=base.spread, rebuilds=self.keeper.rebuilds, chosen=chosen_n, lowered=lowered,
-                          recorded=self.recorded)
+                          recorded=self.recorded, phases=self.clock)
 
 
 def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Module], Any] | None = None,

@@ -13,6 +13,7 @@ FP32 reference process.
     python benchmarks/scale.py                      # 4, 16 and 22 layers (1.1B) of TinyLlama's width
     python benchmarks/scale.py --layers 4 --hidden 512 --mlp 1408 --vocab 4000   # a quick run
     python benchmarks/scale.py --layers 22 --batches 36 --fsdp 2   # FSDP2 over 2 gloo ranks under torchrun
+    python benchmarks/scale.py --layers 22 --device cuda            # on a GPU (RSS is then the host's)
 
 With `--fsdp N` both processes run under torchrun on N ranks (MPT_SCALE_SHARD=fsdp: every layer sharded with
 FSDP2, the batches split over the ranks); the times are rank 0's phases and the ranks' mean build/evaluate,
@@ -162,7 +163,7 @@ if int(os.environ.get("WORLD_SIZE", "1")) > 1:
     import torch.distributed as dist
     dist.init_process_group("gloo")
 import llama_model as m
-m.evaluate(m.build_model())
+m.evaluate(m.build_model().to(os.environ.get("MPT_SCALE_DEVICE", "cpu")))
 sys.stdout.flush()
 os._exit(0)
 """
@@ -184,7 +185,7 @@ def launcher(args: argparse.Namespace) -> list[str]:
 def one_depth(layers: int, args: argparse.Namespace, work: Path) -> dict:
     env = {**os.environ, "MPT_SCALE_LAYERS": str(layers), "MPT_SCALE_HIDDEN": str(args.hidden),
            "MPT_SCALE_MLP": str(args.mlp), "MPT_SCALE_VOCAB": str(args.vocab), "MPT_SCALE_TOKENS": str(args.tokens),
-           "MPT_SCALE_BATCHES": str(args.batches), "PYTHONPATH": str(ROOT)}
+           "MPT_SCALE_BATCHES": str(args.batches), "MPT_SCALE_DEVICE": args.device, "PYTHONPATH": str(ROOT)}
     if args.fsdp:
         env.update(MPT_SCALE_SHARD="fsdp", OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // args.fsdp)))
     ref_times = work / f"ref-{layers}.jsonl"
@@ -193,7 +194,7 @@ def one_depth(layers: int, args: argparse.Namespace, work: Path) -> dict:
     ref_wall, ref_rss, _ = measured(ref_cmd, {**env, "MPT_SCALE_TIMES": str(ref_times)})
     times, phases = work / f"tune-{layers}.jsonl", work / f"phases-{layers}.json"
     cmd = [*launcher(args), __file__, "--child", "tune", str(MODEL), "--dtype", "bf16", "--tolerance",
-           str(args.tolerance), "--out", str(work / f"out-{layers}"), *args.mpt_args]
+           str(args.tolerance), "--device", args.device, "--out", str(work / f"out-{layers}"), *args.mpt_args]
     wall, rss, rc = measured(cmd, {**env, "MPT_SCALE_TIMES": str(times), "MPT_SCALE_PHASES": str(phases)})
     user = user_seconds(times)
     report = json.loads((work / f"out-{layers}" / "report.json").read_text()) if rc == 0 else {}
@@ -223,8 +224,11 @@ def main() -> int:
     ap.add_argument("--batches", type=int, default=4, help="batches per evaluate")
     ap.add_argument("--tolerance", type=float, default=0.02)
     ap.add_argument("--fsdp", type=int, default=0, metavar="N", help="shard with FSDP2 over N torchrun ranks")
+    ap.add_argument("--device", default="cpu", help="where the model runs (`mpt tune --device`): cpu or cuda")
     ap.add_argument("--mpt-args", nargs=argparse.REMAINDER, default=[], help="more `mpt tune` options (last)")
     args = ap.parse_args()
+    if args.fsdp and args.device != "cpu":
+        ap.error("--fsdp runs on CPU ranks (gloo): leave --device out")
     if args.fsdp and args.batches % args.fsdp:
         ap.error(f"--batches {args.batches} must split evenly over --fsdp {args.fsdp} ranks")
     print(f"# scale: {machine_line()}" + (f", FSDP2 over {args.fsdp} gloo ranks" if args.fsdp else "") + "\n")

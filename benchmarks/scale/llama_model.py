@@ -53,7 +53,7 @@ class RMSNorm(nn.Module):
 
 def rotary(x, positions):
     half = x.shape[-1] // 2
-    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32) / half)
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=x.device) / half)
     angles = positions[:, None].float() * freqs[None]
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     x1, x2 = x[..., :half], x[..., half:]
@@ -71,7 +71,7 @@ class Attention(nn.Module):
 
     def forward(self, x):
         b, t, _ = x.shape
-        pos = torch.arange(t)
+        pos = torch.arange(t, device=x.device)
         q = rotary(self.q_proj(x).view(b, t, HEADS, self.head_dim).transpose(1, 2), pos)
         k = rotary(self.k_proj(x).view(b, t, KV_HEADS, self.head_dim).transpose(1, 2), pos)
         v = self.v_proj(x).view(b, t, KV_HEADS, self.head_dim).transpose(1, 2)
@@ -163,8 +163,9 @@ def evaluate(model) -> float:
     rank, size = (dist.get_rank(), dist.get_world_size()) if _sharded() else (0, 1)
     batches = _batches()[rank::size]
     with torch.no_grad():
+        device = next(model.parameters()).device  # mpt tune --device cuda moved the model there
         for i, x in enumerate(batches):
-            pred = model(x).argmax(-1)
+            pred = model(x.to(device)).argmax(-1)
             if len(_REFERENCE) <= i:
                 _REFERENCE.append(pred)
             agree += int((pred == _REFERENCE[i]).sum())

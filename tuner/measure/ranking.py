@@ -76,6 +76,10 @@ Progress = Callable[[int, int], None]
 MIN_BUDGET = 64 << 20  # bytes of δ one gradient pass may hold, at least
 
 _F32 = torch.float32
+# What a CUDA backward prints the first time autograd's device thread makes a cuBLAS handle: that thread has
+# no current context yet, and torch sets the primary one itself right after (CublasHandlePool.cpp). Nothing for
+# the user to act on, so the ranking's backward passes do not show it (issue 33).
+_NO_CONTEXT = "Attempting to run cuBLAS, but there was no current CUDA context"
 _KEPT = torch.bfloat16  # the dtype δ is kept in between the forward and the backward passes (module doc)
 _F64 = torch.float64
 
@@ -400,8 +404,10 @@ def _projections(finals: list[Tensor], anchors: list[Tensor], vectors: Iterator[
     per_probe = []
     for k in range(probes):
         row = rows[k] if rows else next(vectors)
-        per_probe.append(torch.autograd.grad(finals, anchors, grad_outputs=row, retain_graph=True,
-                                             allow_unused=True))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_NO_CONTEXT)
+            per_probe.append(torch.autograd.grad(finals, anchors, grad_outputs=row, retain_graph=True,
+                                                 allow_unused=True))
         tick(1)
     return [None if per_probe[0][i] is None else [g[i] for g in per_probe] for i in range(len(anchors))]
 

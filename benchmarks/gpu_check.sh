@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The GPU check (issue 33), one command on a machine with one NVIDIA GPU; about 8 minutes in all:
+#   1. pytest -m gpu (the CUDA tests);
+#   2. benchmarks/gpu_tune.py: the 1.1B LLaMA-shaped HF decoder tuned with --metric kl on 32 x 512 tokens in
+#      bf16 and fp16, the 8B one where the GPU holds it, and the tuned plan's forward against torch.autocast
+#      and a hand-written equivalent (tables with PASS/FAIL per target);
+#   3. benchmarks/scale.py --device cuda at 4 layers of TinyLlama's width (mpt's own time by function).
+# Without `mpt` importable (a bare machine with torch and transformers), the project is installed into a
+# temporary folder first (no dependencies resolved: the machine's torch is the one measured).
+#     bash benchmarks/gpu_check.sh            # everything
+#     GPU_CHECK_QUICK=1 bash benchmarks/gpu_check.sh   # 1.1B bf16 only, no 8B, no scale run
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if ! "$PY" -c "import mpt_cli" 2>/dev/null; then
+    TARGET=$(mktemp -d)
+    "$PY" -m pip install -q --no-deps --no-build-isolation --target "$TARGET" . || exit 1
+    export PYTHONPATH="$TARGET${PYTHONPATH:+:$PYTHONPATH}"
+fi
+"$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print('#', torch.cuda.get_device_name(), 'torch', torch.__version__)" || exit 1
+status=0
+echo "## 1. pytest -m gpu"
+timeout 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests || status=1
+echo "## 2. benchmarks/gpu_tune.py"
+if [ -n "${GPU_CHECK_QUICK:-}" ]; then
+    timeout 300 "$PY" benchmarks/gpu_tune.py --shapes 1b --dtypes bf16 || status=1
+else
+    timeout 330 "$PY" benchmarks/gpu_tune.py || status=1
+    echo "## 3. benchmarks/scale.py --device cuda"
+    timeout 90 "$PY" benchmarks/scale.py --layers 4 --device cuda --batches 8 --tokens 512 || status=1
+fi
+exit $status

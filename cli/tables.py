@@ -56,6 +56,7 @@ RULE_ABBREV: dict[Rule, str] = {
     Rule.OTHER_DEVICE: "device",
     Rule.NO_FLOAT: "no-float",
     Rule.MODEL_FP32: "model",
+    Rule.MODEL_AUTOCAST: "model-ac",
 }
 
 

@@ -203,6 +203,34 @@ def build_model():
     return Model().eval()
 """
 
+# (e) a module that turns torch.autocast on itself, in another dtype than the tune's
+OWN_AUTOCAST = """
+class Half(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(16, 16)
+
+    def forward(self, x):
+        with torch.autocast(x.device.type, dtype=torch.float16):
+            return self.inner(x).float()
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.own = Half()
+        self.proto = nn.Parameter(torch.randn(4, 16))
+
+    def forward(self, x):
+        return torch.cdist(self.own(self.a(x)) + 1000.0, self.proto + 1000.0)
+
+
+def build_model():
+    torch.manual_seed(0)
+    return Model().eval()
+"""
+
 
 def _tune_and_load(tmp_path: Path, source: str, *extra: str):
     path = tmp_path / "model.py"
@@ -328,3 +356,14 @@ def test_a_models_own_autocast_off_region_is_kept_fp32_by_the_model_in_trials_re
     python = tuner.load(user.build(), out, engine="python")  # mpt's own engine keeps the region too
     tuner.detach(python)
     assert observe(python, plan, user.example_inputs()).gemms["rotary"] == {torch.float32}
+
+
+def test_a_models_own_autocast_on_region_runs_as_torch_autocast_runs_it(tmp_path):
+    plan, trial, deployed, out, user = _tune_and_load(tmp_path, OWN_AUTOCAST, "--metric", "rel-error",
+                                                      "--tolerance", "1e-6")
+    assert deployed.gemms["own.inner"] == trial.gemms["own.inner"] == {torch.float16}  # the model's dtype
+    assert torch.equal(trial.output, deployed.output)
+    res = CliRunner().invoke(main, ["inspect", str(tmp_path / "model.py"), "--plan", str(out)])
+    assert res.exit_code == 0, res.output
+    row = next(line.split() for line in res.output.splitlines() if line.startswith("own.inner "))
+    assert row[3] == "fp16" and row[-1] == "model-ac"

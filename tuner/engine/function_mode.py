@@ -343,8 +343,9 @@ class PrecisionEngine(TorchFunctionMode):
             counts = self._thread.counts
             index = counts.get(key, 0)
             counts[key] = index + 1
-        if not rule.forced and self._in_model_fp32():
-            target, rule, detail = None, Rule.MODEL_FP32, ""
+        own = None if rule.forced else self._model_region()
+        if own is not None:
+            target, rule, detail = None, own, ""
         else:
             target, rule, detail = self._target(info, rule, detail, (path, name, index), args, kwargs)
 
@@ -373,16 +374,17 @@ class PrecisionEngine(TorchFunctionMode):
             TorchFunctionMode.__exit__(self, None, None, None)
             active.discard(func)
 
-    def _in_model_fp32(self) -> bool:
-        """Inside a `torch.autocast(..., enabled=False)` block the model opened itself (every HF rotary
-        embedding has one): its ops run as the model wrote them, in every trial and in the deployed model,
-        as torch.autocast runs them. Told apart from "no autocast at all" (the engine's own state) by
-        torch.autocast's nesting depth: deeper than at the engine's entry, with autocast off."""
+    def _model_region(self) -> Rule | None:
+        """Inside a `torch.autocast` block the model opened itself, the model decides, as torch.autocast runs it
+        in every trial and in the deployed model: `Rule.MODEL_FP32` in a block with autocast off (every HF
+        rotary embedding has one), `Rule.MODEL_AUTOCAST` in one with autocast on (torch.autocast casts);
+        None elsewhere. Told apart from "no autocast at all" (the engine's own state) by torch.autocast's
+        nesting depth: deeper than at the engine's entry."""
         entered = self._thread.nesting
         if not entered or autocast_nesting() <= entered[-1]:
-            return False
+            return None
         devices = (self.device,) if self.device is not None else ("cpu", "cuda")
-        return not any(torch.is_autocast_enabled(d) for d in devices)
+        return Rule.MODEL_AUTOCAST if any(torch.is_autocast_enabled(d) for d in devices) else Rule.MODEL_FP32
 
     def _aten_rule(self, info: _FuncInfo, aten: str | None) -> tuple[str, Rule, str]:
         """(op name, rule, detail) for a call torch runs as the ATen op `aten` (`pad` as `reflection_pad2d`):
@@ -431,9 +433,11 @@ class PrecisionEngine(TorchFunctionMode):
                   args: tuple, kwargs: dict, raw_args: tuple, raw_kwargs: dict, out: Any = None) -> Decision:
         """The Decision for a call that ran: a call with nothing castable gets the rule that says why."""
         in_dtypes = tuple(self._float_dtypes(raw_args, raw_kwargs, first_only=False, all_=True))
-        if casts == 0 and (not rule.forced or rule is Rule.MODEL_FP32) and \
+        if casts == 0 and (not rule.forced or rule in _MODEL_RULES) and \
                 not self._float_dtypes(raw_args, raw_kwargs, first_only=True):
             target, rule, detail = None, self._not_castable(raw_args, raw_kwargs), ""
+        if rule is Rule.MODEL_AUTOCAST and isinstance(out, Tensor) and out.is_floating_point():
+            target = out.dtype  # torch.autocast computed it in the dtype it handed out
         compute = target if target is not None else _ran_in(rule, kwargs, out,
                                                               self._float_dtypes(args, kwargs, first_only=False,
                                                                                  all_=True))
@@ -525,6 +529,8 @@ def _ran_in(rule: Rule, kwargs: dict, out: Any, floats: list[torch.dtype]) -> to
         return first.dtype
     return floats[0]
 
+
+_MODEL_RULES = frozenset({Rule.MODEL_FP32, Rule.MODEL_AUTOCAST})  # the model's own torch.autocast regions
 
 # Rules whose target comes from the call's own inputs (widest, or the first one).
 _FROM_INPUTS = frozenset({Rule.PROMOTE, Rule.FIRST_INPUT, Rule.INPLACE_FIRST_INPUT, Rule.OUT_FIRST_INPUT})

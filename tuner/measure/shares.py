@@ -91,7 +91,7 @@ class ShareCounter:
     def count(self, decision: Decision, flops: int) -> None:
         """Count one call whose FLOPs are known."""
         self._flops += flops
-        if decision.rule is Rule.MODEL_FP32:
+        if decision.rule is Rule.MODEL_FP32 or (decision.rule is Rule.MODEL_AUTOCAST and not decision.lowered):
             self._model_flops += flops
         if decision.compute is None:
             return

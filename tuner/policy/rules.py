@@ -34,6 +34,7 @@ class Rule(str, Enum):
     OTHER_DEVICE = "other_device"
     NO_FLOAT = "no_float"
     MODEL_FP32 = "model_fp32"  # the model's own `torch.autocast(..., enabled=False)` region
+    MODEL_AUTOCAST = "model_autocast"  # the model's own `torch.autocast(...)` region: torch.autocast decides
 
     def __str__(self) -> str:
         return self.value
@@ -89,9 +90,11 @@ _TEXT = {
     Rule.OTHER_DEVICE: "on another device: not cast",
     Rule.NO_FLOAT: "no floating-point input",
     Rule.MODEL_FP32: "kept FP32 by the model (its autocast is off)",
+    Rule.MODEL_AUTOCAST: "the model's own torch.autocast decides",
 }
 _MUTATES = frozenset({Rule.INPLACE, Rule.INPLACE_FIRST_INPUT, Rule.OUT, Rule.OUT_FIRST_INPUT})
-_FORCED = _MUTATES | {Rule.EXPLICIT_DTYPE, Rule.FLOAT64, Rule.OTHER_DEVICE, Rule.NO_FLOAT, Rule.MODEL_FP32}
+_FORCED = _MUTATES | {Rule.EXPLICIT_DTYPE, Rule.FLOAT64, Rule.OTHER_DEVICE, Rule.NO_FLOAT, Rule.MODEL_FP32,
+                        Rule.MODEL_AUTOCAST}
 _UNLISTED = {UnlistedMode.PASSTHROUGH: Rule.PASSTHROUGH, UnlistedMode.FIRST_INPUT: Rule.FIRST_INPUT,
              UnlistedMode.FP32: Rule.UNLISTED_FP32}
 

@@ -1,14 +1,14 @@
-"""Run README's GitHub Actions workflow as written, as a fresh runner would (by hand: about 2 minutes and a
+"""Run docs/ci.md's GitHub Actions workflow as written, as a fresh runner would (by hand: about 2 minutes and a
 package index; pytest does not collect it, tests/e2e/test_ci_workflow.py keeps the workflow in step instead).
 
     python tests/e2e/run_readme_workflow.py [WORKDIR]
 
 What it does, in WORKDIR (default: a new temporary folder):
 1. builds mpt's wheel with `pip wheel --no-deps .` in a clean clone of this checkout's HEAD;
-2. makes a user's repository: README's `mpt.yaml` verbatim, the bundled example it names with its weights, and
-   a `requirements.txt` with what the example imports (scikit-learn);
-3. runs the `retune` job (its `run:` steps with MPT_TUNER = the wheel), then README's step 2 (`git add` as
-   written, `git commit`, and `git status` must be clean), then the `check` job in a new clone of that commit.
+2. makes a user's repository: docs/ci.md's `mpt.yaml` verbatim, the bundled example it names with its
+   weights, and a `requirements.txt` with what the example imports (scikit-learn);
+3. runs the `retune` job (its `run:` steps with MPT_TUNER = the wheel), then docs/ci.md's step 2 (`git add`
+   as written, `git commit`, and `git status` must be clean), then the `check` job in a new clone of that commit.
 Each job gets a fresh venv (`actions/setup-python`); `actions/checkout` is a git clone, `upload-artifact` a
 copy, the JUnit report action a check that the XML is there; `if: hashFiles('requirements.txt') != ''` is
 whether the file exists. Exits 1 at the first step that fails.
@@ -43,7 +43,7 @@ def _sh(cmd: str | list[str], cwd: Path, env: dict[str, str] | None = None, labe
 
 
 def _readme_blocks(lang: str) -> list[str]:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "ci.md").read_text(encoding="utf-8")
     return re.findall(rf"^```{lang}\n(.*?)^```", text, flags=re.S | re.M)
 
 
@@ -95,16 +95,16 @@ def main() -> None:
     wheel = next((work / "wheels").glob("mpt_tuner-*.whl"))
     flow = yaml.safe_load(next(b for b in _readme_blocks("yaml") if b.startswith("# .github/workflows/")))
     retune = _run_job("retune", flow["jobs"]["retune"], _user_repo(work), wheel, work)
-    user = retune / "repo"  # README step 2: commit what the artifact holds that git should keep
+    user = retune / "repo"  # docs/ci.md step 2: commit what the artifact holds that git should keep
     out = yaml.safe_load((user / "mpt.yaml").read_text(encoding="utf-8"))["out"]
     shutil.rmtree(user / out, ignore_errors=True)
     shutil.copytree(retune / "artifact", user / out)
     add = next(ln for b in _readme_blocks("bash") for ln in b.splitlines() if ln.startswith("git add "))
     _sh(f'{add} && git commit -q -m "bf16 precision plan"', user, label="commit")
     if _sh("git status --short", user, label="commit").strip():
-        sys.exit("[commit] FAILED: files left untracked after README's git add")
+        sys.exit("[commit] FAILED: files left untracked after docs/ci.md's git add")
     _run_job("check", flow["jobs"]["check"], user, wheel, work)
-    print(f"README workflow: every step passed (in {work})")
+    print(f"docs/ci.md workflow: every step passed (in {work})")
 
 
 if __name__ == "__main__":

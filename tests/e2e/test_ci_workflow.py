@@ -1,7 +1,7 @@
-"""README's GitHub Actions workflow installs mpt the way a user can and runs commands the README tests run.
+"""docs/ci.md's GitHub Actions workflow installs mpt the way a user can and runs commands the docs test runs.
 
 Running the workflow's steps themselves (a fresh clone, a fresh venv, pip installing torch and mpt) takes
-minutes and a package index, so it is done by hand with tests/e2e/run_readme_workflow.py (the README says
+minutes and a package index, so it is done by hand with tests/e2e/run_readme_workflow.py (docs/ci.md says
 so); this keeps the workflow in step
 with what can break: the package name, the install source, the commands and the files it says to commit.
 """
@@ -12,14 +12,15 @@ from pathlib import Path
 
 import yaml
 
-from tests.e2e.test_readme_commands import README, readme_steps
+from tests.e2e.test_readme_commands import docs_steps
 from tuner.core.output_files import COMMITTED, NOT_FOR_GIT
 
 ROOT = Path(__file__).resolve().parents[2]
+CI_PAGE = ROOT / "docs" / "ci.md"
 
 
 def _workflow() -> dict:
-    text = README.read_text(encoding="utf-8")
+    text = CI_PAGE.read_text(encoding="utf-8")
     block = next(b for b in re.findall(r"^```yaml\n(.*?)^```", text, flags=re.S | re.M)
                  if b.startswith("# .github/workflows/"))
     return yaml.safe_load(block)
@@ -45,16 +46,15 @@ def test_workflow_installs_mpt_from_a_source_pip_can_reach():
 
 
 def test_workflow_commands_are_the_ones_the_readme_test_runs():
-    tested = {cmd for kind, cmd in readme_steps(README.read_text(encoding="utf-8")) if kind == "run"}
+    tested = {cmd for kind, cmd in docs_steps() if kind == "run"}
     commands = [r for job in _workflow()["jobs"].values() for r in _runs(job) if r.startswith("mpt ")]
     assert commands
     for cmd in commands:
         assert cmd.replace(" --quiet", "") in tested, cmd
 
 
-def test_files_the_readme_says_to_commit_are_not_git_ignored():
-    text = README.read_text(encoding="utf-8")
-    section = text[text.index("## Using mpt in CI"):text.index("## Python API")]
+def test_files_the_ci_page_says_to_commit_are_not_git_ignored():
+    section = CI_PAGE.read_text(encoding="utf-8")
     add = re.search(r"^git add (.*)$", section, flags=re.M).group(1).split()
     named = {Path(p).name for p in add if p.startswith("mpt/bf16/")}
     assert named == set(COMMITTED) - set(NOT_FOR_GIT)

@@ -1,6 +1,6 @@
 """The precision engine: a TorchFunctionMode that casts op inputs by policy.
 
-Why a TorchFunctionMode (see README, "Design"): it sees every top-level
+Why a TorchFunctionMode (see docs/design.md): it sees every top-level
 torch / Tensor / functional call above autograd, so casts are recorded by
 autograd and backward runs through them; it sees the Python-level names the
 seed documents use (`__matmul__`, `truediv`, `iadd`, `cross_entropy`); and it

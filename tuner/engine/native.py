@@ -23,6 +23,7 @@ string from `realize` instead and run under mpt's engine.
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 from collections.abc import Callable, Mapping
@@ -32,6 +33,8 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.utils.rnn import PackedSequence
+from torch.utils._pytree import tree_leaves, tree_map
 
 FP32 = torch.float32
 
@@ -189,17 +192,37 @@ def low_autocast(device: str, dtype: torch.dtype) -> torch.autocast:
     return torch.autocast(device, dtype=dtype, cache_enabled=torch.is_grad_enabled())
 
 
+_LOW = (torch.bfloat16, torch.float16)
+
+
 def _to_fp32(x: Any) -> Any:
-    """Lower-precision float tensors in `x` (tensors, tuples, lists, dicts) as FP32; anything else as is."""
+    """Lower-precision float tensors in `x` as FP32, found by structure: any container torch's pytree knows
+    (tuples, NamedTuples, lists, dicts, Hugging Face `ModelOutput`s) and dataclasses; anything else as is. What
+    crosses into an FP32 island must arrive in FP32 in whatever it is wrapped in (issue 34: a NamedTuple of
+    tensors reached an FP32 linear in bf16). A container with nothing to cast is handed on as it came."""
     if isinstance(x, torch.Tensor):
-        return x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
-    if isinstance(x, tuple) and not hasattr(x, "_fields"):
-        return tuple(_to_fp32(i) for i in x)
-    if isinstance(x, list):
-        return [_to_fp32(i) for i in x]
-    if type(x) is dict:
-        return {k: _to_fp32(v) for k, v in x.items()}
-    return x
+        return x.float() if x.dtype in _LOW else x
+    leaves = tree_leaves(x)
+    if not any(isinstance(t, torch.Tensor) and t.dtype in _LOW or _is_dataclass(t) for t in leaves):
+        return x
+    if isinstance(x, PackedSequence):  # a NamedTuple whose constructor checks its fields: only its data is cast
+        return x._replace(data=_to_fp32(x.data))
+    return tree_map(_leaf_to_fp32, x)
+
+
+def _leaf_to_fp32(leaf: Any) -> Any:
+    if isinstance(leaf, torch.Tensor):
+        return leaf.float() if leaf.dtype in _LOW else leaf
+    if _is_dataclass(leaf):
+        found = {f.name: getattr(leaf, f.name) for f in dataclasses.fields(leaf) if f.init and hasattr(leaf, f.name)}
+        cast = {name: _to_fp32(value) for name, value in found.items()}
+        if any(cast[name] is not found[name] for name in found):
+            return dataclasses.replace(leaf, **cast)
+    return leaf
+
+
+def _is_dataclass(x: Any) -> bool:
+    return dataclasses.is_dataclass(x) and not isinstance(x, type)
 
 
 def _outermost(paths: set[str]) -> set[str]:

@@ -368,6 +368,20 @@ def test_out_holding_another_run_is_refused_without_resume_or_overwrite(runner, 
     assert_error(tune(runner, tmp_path, path, "--resume", "--overwrite"), exitcodes.USAGE, "not both")
 
 
+def test_data_tensors_the_forward_does_not_take_are_bad_input_not_an_error_in_the_model_file(runner, tmp_path):
+    """A data file's names are checked against the built model's forward: exit 2 naming the file and the fix,
+    not exit 4 quoting the forward's TypeError, and the folder the run claimed is left as it was (none)."""
+    from safetensors.torch import save_file
+
+    ids = torch.randint(0, 50, (6, 7))
+    save_file({"input_ids": ids, "attention_masks": torch.ones_like(ids)}, tmp_path / "typo.safetensors")
+    res = mpt(runner, "tune", ASSETS / "kwargs_model.py", "--metric", "cosine", "--data", tmp_path / "typo.safetensors",
+              "--out", tmp_path / "o", "-q")
+    assert_error(res, exitcodes.USAGE, "--data: ", "typo.safetensors holds 1 tensor attention_masks, which "
+                 "TinyEncoder.forward does not take (it takes input_ids, attention_mask)", "name each tensor")
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
+
+
 # --- the device ----------------------------------------------------------------------------------------------
 
 def test_cuda_requested_without_a_gpu(runner, tmp_path, monkeypatch):

@@ -97,6 +97,25 @@ def _well_formed(record: Any, *, first: bool) -> bool:
             and record.get("seconds") is not None)
 
 
+def holds_trials(path: str | Path) -> bool:
+    """True when the journal at `path` records a finished evaluation: only then does it hold a run that
+    `resume` continues and a new run must not replace unasked. A header alone (a run that failed or was
+    stopped before its first trial ended) holds nothing to keep."""
+    try:
+        with open(path, "rb") as fh:
+            fh.readline()  # the header
+            for line in fh:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue  # a torn line: that evaluation did not finish
+                if isinstance(record, dict) and record.get("kind") == "eval":
+                    return True
+    except OSError:
+        return False
+    return False
+
+
 class Journal:
     def __init__(self, path: str | Path, fingerprint: RunFingerprint, *, resume: bool) -> None:
         self.path = Path(path)
@@ -130,8 +149,8 @@ class Journal:
                 raise ConfigError(f"line {n + 1} is damaged; cannot resume (use `overwrite` to start over)",
                                   source=str(self.path))
             records.append(record)
-        if not records:
-            return False  # torn inside the header: no evaluation was ever recorded
+        if not any(r.get("kind") == "eval" for r in records[1:]):
+            return False  # torn inside the header, or a header alone: no evaluation was ever recorded
         header = records[0]
         if header.get("kind") != "header" or header.get("format") != JOURNAL_FORMAT:
             raise ConfigError("the journal was written by another version of mpt; cannot resume "

@@ -149,13 +149,16 @@ class Journal:
                 raise ConfigError(f"line {n + 1} is damaged; cannot resume (use `overwrite` to start over)",
                                   source=str(self.path))
             records.append(record)
-        if not any(r.get("kind") == "eval" for r in records[1:]):
-            return False  # torn inside the header, or a header alone: no evaluation was ever recorded
+        if not records:
+            return False  # torn inside the header: no evaluation was ever recorded
         header = records[0]
-        if header.get("kind") != "header" or header.get("format") != JOURNAL_FORMAT:
+        foreign = header.get("kind") != "header" or header.get("format") != JOURNAL_FORMAT
+        changed = [] if foreign else self.fingerprint.differences(header)
+        if (foreign or changed) and not any(r.get("kind") == "eval" for r in records[1:]):
+            return False  # a header alone (a run stopped before its first trial): nothing to resume, start over
+        if foreign:
             raise ConfigError("the journal was written by another version of mpt; cannot resume "
                               "(use `overwrite` to start over)", source=str(self.path))
-        changed = self.fingerprint.differences(header)
         if changed:
             raise ConfigError("cannot resume: " + "; ".join(changed) + " since the journal was written "
                               "(use `overwrite` to start over)", source=str(self.path))

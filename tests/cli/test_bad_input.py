@@ -368,6 +368,54 @@ def test_out_holding_another_run_is_refused_without_resume_or_overwrite(runner, 
     assert_error(tune(runner, tmp_path, path, "--resume", "--overwrite"), exitcodes.USAGE, "not both")
 
 
+def test_a_run_that_fails_before_its_first_trial_leaves_nothing_and_the_fixed_rerun_needs_no_flag(runner, tmp_path):
+    """The fault in evaluate fixed, the same command runs: no journal, lock or manifest is left to refuse it
+    (nor to be `--resume`d with the old settings); a folder the user made keeps their file and nothing else."""
+    broken = model_file(tmp_path, {"evaluate": "def evaluate(model):\n    raise RuntimeError('boom')\n"})
+    assert_error(tune(runner, tmp_path, broken), exitcodes.USER_CODE, "evaluate raised RuntimeError: boom")
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    res = mpt(runner, "tune", broken, "--out", tmp_path / "mine", "-q")
+    assert_error(res, exitcodes.USER_CODE, "boom")
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
+    fixed = model_file(tmp_path)
+    assert tune(runner, tmp_path, fixed).exit_code == exitcodes.OK
+    assert mpt(runner, "tune", fixed, "--out", tmp_path / "mine", "-q").exit_code == exitcodes.OK
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "mine" and (tmp_path / "mine" / "plan.yaml").is_file()
+
+
+def test_a_journal_with_no_trial_refuses_no_rerun_and_resume_starts_over(runner, tmp_path):
+    """A run killed before its first trial (no chance to clean up) leaves a journal header: it is no run to
+    keep, so neither a plain rerun nor `--resume` with other settings is refused."""
+    from tuner.workspace.journal import Journal, RunFingerprint
+
+    path = model_file(tmp_path)
+    for out in ("plain", "resumed"):
+        (tmp_path / out).mkdir()
+        Journal(tmp_path / out / "journal.jsonl", RunFingerprint(source="old", weights="old",
+                                                                 settings={"data": "bad.jsonl"}), resume=False)
+    assert mpt(runner, "tune", path, "--out", tmp_path / "plain", "-q").exit_code == exitcodes.OK
+    res = mpt(runner, "tune", path, "--out", tmp_path / "resumed", "-q", "--resume")
+    assert res.exit_code == exitcodes.OK, res.output
+    header = json.loads((tmp_path / "resumed" / "journal.jsonl").read_text().splitlines()[0])
+    assert header["source"] != "old"  # started over: the old header had nothing to resume
+
+
+def test_data_tensors_the_forward_does_not_take_are_bad_input_not_an_error_in_the_model_file(runner, tmp_path):
+    """A data file's names are checked against the built model's forward: exit 2 naming the file and the fix,
+    not exit 4 quoting the forward's TypeError, and the folder the run claimed is left as it was (none)."""
+    from safetensors.torch import save_file
+
+    ids = torch.randint(0, 50, (6, 7))
+    save_file({"input_ids": ids, "attention_masks": torch.ones_like(ids)}, tmp_path / "typo.safetensors")
+    res = mpt(runner, "tune", ASSETS / "kwargs_model.py", "--metric", "cosine", "--data", tmp_path / "typo.safetensors",
+              "--out", tmp_path / "o", "-q")
+    assert_error(res, exitcodes.USAGE, "--data: ", "typo.safetensors holds 1 tensor attention_masks, which "
+                 "TinyEncoder.forward does not take (it takes input_ids, attention_mask)", "name each tensor")
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
+
+
 # --- the device ----------------------------------------------------------------------------------------------
 
 def test_cuda_requested_without_a_gpu(runner, tmp_path, monkeypatch):

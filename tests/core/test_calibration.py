@@ -63,9 +63,53 @@ def test_jsonl_texts_are_tokenized_per_batch(tmp_path):
     batches = list(data_file(str(tmp_path / "t.jsonl"), batch_size=2, tokenizer=str(tmp_path / "tok")).batches())
     assert [b.kwargs["input_ids"].shape[0] for b in batches] == [2, 1]
     assert batches[0].kwargs["attention_mask"].sum(dim=1).tolist() == [5, 8]  # [CLS] ... [SEP], padded to 8
-    (tmp_path / "bad.jsonl").write_text("{not json\n")
-    with pytest.raises(ConfigError, match="bad.jsonl:1 is not JSON"):
-        data_file(str(tmp_path / "bad.jsonl"), batch_size=2, tokenizer=str(tmp_path / "tok")).first()
+
+
+def test_every_bad_jsonl_line_is_reported_before_any_batch_is_made(tmp_path):
+    """All bad lines counted, the first few listed, when the file is given (not when a batch reaches line 40),
+    and a folder with no tokenizer is bad input too, with no tokenizer ever loaded for a bad file."""
+    lines = ['"ok"'] * 40 + ["{not json", "3", json.dumps({"txt": "x"}), "[1]", "null", "true", '"ok"', "oops"]
+    (tmp_path / "bad.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "tok").mkdir()
+    with pytest.raises(ConfigError) as caught:
+        data_file(str(tmp_path / "bad.jsonl"), batch_size=2, tokenizer=str(tmp_path / "tok"))
+    assert str(caught.value) == ('data: bad.jsonl: 7 lines of 48 are not a text (lines 41, 42, 43, 44, 45, ...): '
+                                 'write one JSON string or object with a "text" string per line')
+    pytest.importorskip("transformers")
+    (tmp_path / "good.jsonl").write_text('"ok"\n')
+    with pytest.raises(ConfigError, match=r"^tokenizer: cannot load a tokenizer from .*tok .*tokenizer.json"):
+        data_file(str(tmp_path / "good.jsonl"), batch_size=2, tokenizer=str(tmp_path / "tok"))
+
+
+def test_a_data_file_is_checked_whole_when_given(tmp_path):
+    """A damaged .safetensors, token tensors of two lengths, and tensors the forward does not take: each a
+    ConfigError naming the file and the fix, before any batch is read."""
+    (tmp_path / "bad.safetensors").write_bytes(b"\xff" * 64)
+    with pytest.raises(ConfigError, match=r"^data: cannot read bad.safetensors as safetensors \(SafetensorError: .*"
+                                          r"header too large\): .*save_file"):
+        data_file(str(tmp_path / "bad.safetensors"), batch_size=8, tokenizer=None)
+    save_file({"input_ids": torch.ones(8, 10, dtype=torch.long), "attention_mask": torch.ones(8, 12)},
+              tmp_path / "m.safetensors")
+    with pytest.raises(ConfigError, match=r"token tensors of m.safetensors disagree in shape \(attention_mask "
+                                          r"\[8, 12\], input_ids \[8, 10\]\).*one tokenizer call"):
+        data_file(str(tmp_path / "m.safetensors"), batch_size=8, tokenizer=None)
+    torch.save([{"input_ids": torch.ones(2, 3), "attention_mask": torch.ones(2, 4)}], tmp_path / "l.pt")
+    with pytest.raises(ConfigError, match=r"l.pt \(batch 0\) disagree in shape"):
+        data_file(str(tmp_path / "l.pt"), batch_size=8, tokenizer=None)
+    (tmp_path / "x.pt").write_bytes(b"not a torch file")
+    with pytest.raises(ConfigError, match=r"^data: cannot read x.pt as tensors"):
+        data_file(str(tmp_path / "x.pt"), batch_size=8, tokenizer=None)
+    save_file({"foo": torch.ones(4, 3), "bar": torch.ones(4, 3)}, tmp_path / "n.safetensors")
+    named = data_file(str(tmp_path / "n.safetensors"), batch_size=8, tokenizer=None)
+
+    def forward(input_ids, attention_mask=None, **flags):
+        return input_ids
+
+    with pytest.raises(ConfigError, match=r"n.safetensors holds 2 tensors bar, foo, which M.forward does not take "
+                                          r"\(it takes input_ids, attention_mask\): name each tensor"):
+        named.check_forward(forward, owner="M.forward", strict=True)
+    named.check_forward(forward, owner="M.forward")  # **kwargs of a model file's forward: it may take them
+    named.check_forward(lambda **features: features, owner="E.forward", strict=True)  # takes only **kwargs
 
 
 def test_function_batches_convert_each_batch_and_refuse_none():

@@ -84,3 +84,26 @@ def test_hf_bad_inputs(runner, saved, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed
     res = mpt(runner, "tune", f"hf:{saved / 'cls'}", "--data", data, "--out", tmp_path / "p", "-q")
     assert_error(res, exitcodes.USAGE, "pip install", "transformers", "torch==")
+
+
+def test_bad_data_files_are_exit_2_naming_the_file_before_out_is_claimed(runner, saved, tmp_path):
+    """A damaged file, tensors the class's forward does not take, token tensors of two lengths, a .jsonl with
+    bad lines (all counted): one `mpt: error: --data:` line each, and no output folder made to refuse a rerun."""
+    ids = torch.randint(1, 200, (8, 10))
+    save_file({"foo": ids, "bar": torch.ones_like(ids)}, tmp_path / "names.safetensors")
+    save_file({"input_ids": ids, "attention_mask": torch.ones(8, 12, dtype=torch.long)},
+              tmp_path / "shapes.safetensors")
+    (tmp_path / "damaged.safetensors").write_bytes(b"\xff" * 64)
+    (tmp_path / "texts.jsonl").write_text('"fine"\n{not json\n"fine"\n3\n{"txt": "x"}\n')
+    expected = {"damaged.safetensors": "cannot read damaged.safetensors as safetensors",
+                "names.safetensors": "holds 2 tensors bar, foo, which BertForSequenceClassification.forward does "
+                                     "not take (it takes input_ids, attention_mask,",
+                "shapes.safetensors": "(attention_mask [8, 12], input_ids [8, 10]): attention_mask, input_ids must "
+                                      "share one shape",
+                "texts.jsonl": "texts.jsonl: 3 lines of 5 are not a text (lines 2, 4, 5)"}
+    for name, fragment in expected.items():
+        out = tmp_path / f"out-{name}"
+        res = mpt(runner, "tune", f"hf:{saved / 'cls'}", "--data", tmp_path / name, "--out", out, "-q")
+        err = assert_error(res, exitcodes.USAGE, "mpt: error: --data: ", fragment)
+        assert len(err.strip().splitlines()) == 1, err
+        assert not out.exists(), name

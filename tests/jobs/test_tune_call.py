@@ -1,7 +1,11 @@
 """`tuner.tune(...)` from Python: progress lines (progress=False: none) and `out=` writing the CLI's outputs."""
 import re
+import runpy
+import textwrap
 
+import pytest
 import torch
+import yaml
 
 import tuner
 from tuner.core.output_files import COMMITTED, SHARDED_CHECKPOINT_NAME
@@ -40,3 +44,37 @@ def test_out_writes_what_the_cli_writes_and_load_reads_it(tmp_path, capsys):
     assert torch.equal(loaded(x), tuner.load(task.build(), result.plan)(x))
     assert task.evaluate(loaded) == result.metric
     assert capsys.readouterr().out == ""
+
+
+def test_out_from_a_script_or_notebook_records_no_model_file_and_names_the_python_keywords(runner, tmp_path):
+    """Functions defined in `__main__` (a notebook cell, a script): the plan records no model file, so `mpt check`
+    asks for one (exit 2) instead of importing the script, which would tune all over again; the same call
+    repeated is refused with the keywords that fix it, as tune() spells them."""
+    from mpt_cli import exitcodes
+    from tests.cli.test_bad_input import assert_error, mpt
+
+    script = tmp_path / "notebook.py"
+    script.write_text(textwrap.dedent(f"""
+        import tuner
+        from tuner.testing import PlantedTask
+
+        task = PlantedTask(8, 1, samples=64)
+
+
+        def build_model():
+            return task.build()
+
+
+        result = tuner.tune(build_model, task.evaluate, task.example_inputs, tolerance=0.002,
+                            out={str(tmp_path / "o")!r}, progress=False)
+        """))
+    runpy.run_path(str(script), run_name="__main__")
+    ref = yaml.safe_load((tmp_path / "o" / "plan.yaml").read_text())["model"]
+    assert "file" not in ref and ref["structure"] and ref["weights"]
+    with pytest.raises(tuner.ConfigError, match=r"already holds a run .*; pass resume=True to continue it or "
+                                                r"overwrite=True to replace it$"):
+        runpy.run_path(str(script), run_name="__main__")
+    res = mpt(runner, "check", tmp_path / "o")
+    err = assert_error(res, exitcodes.USAGE, "--model: the plan in", "was made by tuner.tune() in a notebook or a "
+                       "script, with no model file", "--model MODEL.py")
+    assert len(err.strip().splitlines()) == 1

@@ -1,7 +1,11 @@
 """Exceptions the library raises. The CLI maps each family to one exit code."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+import re
+from collections.abc import Mapping, Sequence
+
+_QUOTED = re.compile(r"`([a-z][a-z0-9_]*)`")  # an option named by its key, as the library's messages name them
 
 
 class MptError(Exception):
@@ -28,6 +32,16 @@ class ConfigError(MptError):
         else:
             msg = prefix + f"{len(self.errors)} problems:\n" + "\n".join(f"  - {e}" for e in self.errors)
         super().__init__(msg)
+
+    def respelled(self, names: Mapping[str, str]) -> ConfigError:
+        """This error with each option named in backticks (`overwrite`) written as a front end spells it
+        (`names["overwrite"]`, e.g. "overwrite=True" for Python), so the fix it names is one the caller can type."""
+        def spell(text: str) -> str:
+            return _QUOTED.sub(lambda m: names.get(m.group(1), m.group(0)), text)
+        made = copy.copy(self)
+        made.errors = [spell(e) for e in self.errors]
+        made.args = (spell(str(self)),)
+        return made
 
 
 class UserCodeError(MptError):

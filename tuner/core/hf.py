@@ -17,7 +17,7 @@ import torch
 from tuner.core.errors import ConfigError
 from tuner.core.hf_config import architecture
 
-__all__ = ["offline_transformers", "build_hf_model", "SentenceEncoder"]
+__all__ = ["offline_transformers", "build_hf_model", "hf_forward", "SentenceEncoder"]
 
 INSTALL_HINT = ("pip install -c constraints.txt 'transformers>=4.40' (constraints.txt pinning your torch, e.g. "
                 "torch==2.13.0, so pip keeps it)")
@@ -55,6 +55,20 @@ class SentenceEncoder(torch.nn.Module):
 
     def forward(self, **features: torch.Tensor) -> Any:
         return self.model(dict(features))
+
+
+def hf_forward(folder: Path) -> tuple[Any, str] | None:
+    """(the forward `build_hf_model(folder)` will call, its name) without loading the weights, so a data file's
+    tensor names are checked before anything is built or written; None when only the built model tells
+    (`AutoModel` picks its class from the config)."""
+    transformers = offline_transformers()
+    if _sentence_transformers(folder) is not None:
+        return SentenceEncoder.forward, "a sentence-transformers model's forward"
+    arch = architecture(folder)
+    cls = getattr(transformers, arch, None) if arch else None
+    if cls is None or not hasattr(cls, "from_pretrained"):
+        return None
+    return cls.forward, f"{cls.__name__}.forward"
 
 
 def build_hf_model(folder: Path) -> torch.nn.Module:

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from tuner.core.calibration import Calibration
 from tuner.core.errors import ConfigError, UserCodeError
 from tuner.core.hf import build_hf_model, offline_transformers
 from tuner.core.hf_config import hf_files, hf_folder
@@ -58,7 +59,10 @@ class UserModel:
     example_inputs function. `files` are the user's files that were imported
     (the model file first), and every user file they import in turn (a
     sibling `metric.py`, a package of the user's: `imported_user_files`):
-    what a journal or plan fingerprints as its source.
+    what a journal or plan fingerprints as its source. `data` is the `--data` file the model runs on, whose
+    tensor names `build` checks against the built model's forward (bad input, not an error in the user's code).
+    `no_file`: the functions come from `tuner.tune()` in a notebook or a script's `__main__`, with no model file
+    `mpt check` could import (`path` is then the working directory).
     """
 
     path: Path
@@ -68,6 +72,8 @@ class UserModel:
     files: tuple[Path, ...] = ()
     calibration_fn: Callable[[], Any] | None = None
     hf: bool = False  # `path` is a Hugging Face model folder (`hf:PATH`), not a model file
+    data: Calibration | None = None
+    no_file: bool = False
 
     def build(self) -> torch.nn.Module:
         name = _fn_name(self.build_fn, DEFAULT_BUILD)
@@ -87,6 +93,8 @@ class UserModel:
             raise ConfigError(f"{name} returned a model holding a torch.jit.script module ({scripted}), which mpt "
                               "cannot tune (no hooks, no autocast inside it): return the eager module, and script "
                               "the tuned model after tuner.load if you need to")
+        if self.data is not None:
+            self.data.check_forward(model.forward, owner=f"{type(model).__name__}.forward", strict=self.hf)
         return model
 
     def evaluate(self, model: Any) -> float:

@@ -15,6 +15,7 @@ from typing import Any
 
 from tuner.core.calibration import Calibration, data_file, function_batches
 from tuner.core.errors import ConfigError
+from tuner.core.hf import hf_forward
 from tuner.core.inputs import ModelInputs
 from tuner.core.loader import DEFAULT_CALIBRATION, DEFAULT_INPUTS, UserModel, call_user, load_user_model
 from tuner.measure.fidelity import Metric
@@ -67,6 +68,8 @@ def load_model(spec: str, *, specs: Mapping[str, str | None] | None = None, fide
                           f"--data FILE (.safetensors, .pt or .jsonl texts with --tokenizer){where}", fields=("data",))
     if batches is None:
         return user
+    if record.get("data"):
+        user = _with_data(user, batches)
     files = user.files + ((Path(record["data"]).resolve(),) if record.get("data") else ())
     inputs_fn = user.inputs_fn if user.inputs_fn is not None else _first(batches)
     if metric is None:
@@ -74,6 +77,16 @@ def load_model(spec: str, *, specs: Mapping[str, str | None] | None = None, fide
     evaluate = FidelityEvaluate(Metric(metric), batches, user.build, output=record.get("output"), device=device,
                                 folder=folder)
     return dataclasses.replace(user, eval_fn=evaluate, inputs_fn=inputs_fn, files=files)
+
+
+def _with_data(user: UserModel, batches: Calibration) -> UserModel:
+    """`user` checking the data file's tensor names against its model's forward: an hf: folder's class now,
+    before anything is built or written, any model once built (UserModel.build)."""
+    if user.hf:
+        forward = hf_forward(user.path)
+        if forward is not None:
+            batches.check_forward(forward[0], owner=forward[1], strict=True)
+    return dataclasses.replace(user, data=batches)
 
 
 def _first(batches: Calibration) -> Any:

@@ -16,6 +16,7 @@ from typing import Any
 
 from torch import nn
 
+from tuner.core.errors import ConfigError
 from tuner.core.loader import UserModel
 from tuner.jobs.progress import ProgressDisplay
 from tuner.jobs.tune_run import tune_into_folder
@@ -23,6 +24,8 @@ from tuner.options.tune import TuneOptions
 from tuner.search import session
 from tuner.search.builtin_metric import builtin_evaluate
 from tuner.search.results import TuneEvent, TuneResult
+
+PYTHON_NAMES = {"resume": "resume=True", "overwrite": "overwrite=True"}  # the library's `key`s as tune() takes them
 
 
 def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Module], Any] | None = None,
@@ -50,8 +53,11 @@ def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Modu
             result = session.tune(build, evaluate, example_inputs, options, on_event=emit, **option_values)
         else:
             opts = session.tune_options(options, option_values)
-            result = tune_into_folder(_user_model(build, evaluate, example_inputs, opts), opts, out, resume=resume,
-                                      overwrite=overwrite, on_event=emit).result
+            try:
+                result = tune_into_folder(_user_model(build, evaluate, example_inputs, opts), opts, out,
+                                          resume=resume, overwrite=overwrite, on_event=emit).result
+            except ConfigError as exc:  # "pass `overwrite` ...": the keywords as this call spells them
+                raise exc.respelled(PYTHON_NAMES) from None
         if display is not None:
             display.finish(result)
         return result
@@ -63,7 +69,8 @@ def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Modu
 def _user_model(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Module], Any] | None,
                 example_inputs: Any, options: TuneOptions) -> UserModel:
     """The functions as the CLI's loader would give them; the file that defines `build` (or the model's
-    class) is the plan's model file, so `mpt check` can find it when it is a real file. A built-in
+    class) is the plan's model file, so `mpt check` can find it, unless there is no such file to import
+    (`_model_file`): the plan then records none, and `mpt check` asks for one. A built-in
     `metric=` is the evaluate when named (its FP32 reference is then kept in memory, not in `out`)."""
     if isinstance(build, nn.Module):
         template = build
@@ -77,14 +84,20 @@ def _user_model(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[
         raise TypeError("tune(..., out=...) needs evaluate(model) -> metric, or metric= with data= or "
                         "example_inputs")
     inputs_fn = example_inputs if callable(example_inputs) or example_inputs is None else (lambda: example_inputs)
-    source = _source_file(defined_by)
-    return UserModel(path=source, build_fn=build_fn, eval_fn=evaluate, inputs_fn=inputs_fn,
-                     files=(source,) if source.is_file() else ())
+    source = _model_file(defined_by)
+    if source is None:
+        return UserModel(path=Path.cwd(), build_fn=build_fn, eval_fn=evaluate, inputs_fn=inputs_fn, no_file=True)
+    return UserModel(path=source, build_fn=build_fn, eval_fn=evaluate, inputs_fn=inputs_fn, files=(source,))
 
 
-def _source_file(obj: Any) -> Path:
+def _model_file(obj: Any) -> Path | None:
+    """The file that defines `obj`, which `mpt check` imports to rebuild the model; None when there is none
+    to import: `obj` was defined in a notebook cell, an interactive session or a script run as `__main__`
+    (importing that script would run all of it again, this tune included)."""
+    if getattr(obj, "__module__", None) == "__main__":
+        return None
     try:
         found = inspect.getsourcefile(obj)
     except TypeError:
         found = None
-    return Path(found).resolve() if found else Path.cwd() / "model.py"
+    return Path(found).resolve() if found and Path(found).is_file() else None

@@ -105,6 +105,8 @@ def tune_into_folder(user: UserModel, options: TuneOptions, out: str | Path, *, 
             return _finish_sharded(result, keeper, folder, path, ranks, user=user, specs=specs, options=options,
                                    latency=latency, consolidate=consolidate)
         if (result.stopped is StopReason.INTERRUPTED and result.status is not TuneStatus.MET) or folder is None:
+            if folder is not None:
+                folder.discard_unused()  # stopped before its first trial: nothing left to refuse a rerun
             return TuneRun(result, path, None)
         ref = _model_ref(user, folder, keeper, specs, options)
         withdraw_plan(folder.path)  # an interrupt while measuring leaves no plan.yaml, as one while writing

@@ -103,12 +103,13 @@ class ModelRef:
 
     `file` is the model file and `build`/`eval`/`inputs` the function specs
     the user gave (a name, or FILE.py:NAME), files relative to the plan's
-    folder; None means the default name. `structure` (module paths, parameter
+    folder; None means the default name; no `file` when the functions came from a notebook or a script's
+    `__main__` (`tuner.tune(out=)`), which no one can import to rebuild the model. `structure` (module paths, parameter
     names and shapes), `weights` (the FP32 state dict) and `source` (the
     user's files) are digests from `tuner.core.fingerprint`.
     """
 
-    file: str
+    file: str | None = None
     build: str | None = None
     eval: str | None = None
     inputs: str | None = None
@@ -131,8 +132,8 @@ class ModelRef:
         if self.batch_size is not None and (not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool)
                                             or self.batch_size < 1):
             problems.append(f"model.batch_size: expected an integer >= 1, found {self.batch_size!r}")
-        if not self.file:
-            problems.append("model.file: missing")
+        if self.file is not None and not self.file:
+            problems.append("model.file: empty (leave the key out when there is no model file)")
         if problems:
             raise ConfigError(problems, source="plan")
 
@@ -153,8 +154,8 @@ class ModelRef:
         if not self.structure:
             return
         if structure_digest(model) != self.structure:
-            raise PlanMismatchError(f"{what} was made for another model ({self.file}): its module tree or "
-                                    "parameter shapes differ from this model's")
+            raise PlanMismatchError(f"{what} was made for another model ({self.file or 'no model file'}): its "
+                                    "module tree or parameter shapes differ from this model's")
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ def _load_snippet(report: TuneReport, out: Path) -> list[str]:
     """Python that loads the tuned model: from its `hf:` folder with the class mpt loaded it with (its config's
     architecture), else from the model file's build_model()."""
     ref = report.plan.model
-    if ref is not None and is_hf_spec(ref.file):
+    if ref is not None and ref.file is not None and is_hf_spec(ref.file):
         folder = Path(os.path.normpath(out / ref.file[len(HF_PREFIX):]))
         arch = architecture(folder) if (folder / "config.json").is_file() else None
         if arch and not (folder / "modules.json").is_file():

@@ -79,6 +79,7 @@ class RunFacts:
 def run_facts(result: TuneResult, report: TuneReport) -> RunFacts:
     """The model's file (and build function when named), the report's date, the whole run's time."""
     ref = report.plan.model
-    model = "(model object)" if ref is None else Path(ref.file).name + (f":{ref.build}" if ref.build else "")
+    model = "(model object)" if ref is None or ref.file is None else \
+        Path(ref.file).name + (f":{ref.build}" if ref.build else "")
     created = report.created.replace("T", " ")[:19] + (" UTC" if report.created else "")
     return RunFacts(model, created or "unknown", result.seconds + report.seconds, result.evals)

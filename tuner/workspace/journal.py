@@ -97,6 +97,25 @@ def _well_formed(record: Any, *, first: bool) -> bool:
             and record.get("seconds") is not None)
 
 
+def holds_trials(path: str | Path) -> bool:
+    """True when the journal at `path` records a finished evaluation: only then does it hold a run that
+    `resume` continues and a new run must not replace unasked. A header alone (a run that failed or was
+    stopped before its first trial ended) holds nothing to keep."""
+    try:
+        with open(path, "rb") as fh:
+            fh.readline()  # the header
+            for line in fh:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue  # a torn line: that evaluation did not finish
+                if isinstance(record, dict) and record.get("kind") == "eval":
+                    return True
+    except OSError:
+        return False
+    return False
+
+
 class Journal:
     def __init__(self, path: str | Path, fingerprint: RunFingerprint, *, resume: bool) -> None:
         self.path = Path(path)
@@ -133,10 +152,13 @@ class Journal:
         if not records:
             return False  # torn inside the header: no evaluation was ever recorded
         header = records[0]
-        if header.get("kind") != "header" or header.get("format") != JOURNAL_FORMAT:
+        foreign = header.get("kind") != "header" or header.get("format") != JOURNAL_FORMAT
+        changed = [] if foreign else self.fingerprint.differences(header)
+        if (foreign or changed) and not any(r.get("kind") == "eval" for r in records[1:]):
+            return False  # a header alone (a run stopped before its first trial): nothing to resume, start over
+        if foreign:
             raise ConfigError("the journal was written by another version of mpt; cannot resume "
                               "(use `overwrite` to start over)", source=str(self.path))
-        changed = self.fingerprint.differences(header)
         if changed:
             raise ConfigError("cannot resume: " + "; ".join(changed) + " since the journal was written "
                               "(use `overwrite` to start over)", source=str(self.path))

@@ -70,7 +70,8 @@ def model_ref_for(user: UserModel, out: Path, *, build: str | None, eval: str | 
     files relative to `out`, plus digests of `model` (structure, FP32 weights) and of the user's files
     (`user.files`). `weights` is the weights digest when the caller already has it (one pass saved).
 
-    A builder picked as MODEL.py:NAME is recorded as `build: NAME`; an hf: folder as `file: hf:FOLDER`.
+    A builder picked as MODEL.py:NAME is recorded as `build: NAME`; an hf: folder as `file: hf:FOLDER`; no
+    `file` at all for functions with no model file (`tuner.tune()` in a notebook: `UserModel.no_file`).
     `fidelity` is a built-in metric's record (metric, output, data, tokenizer, batch_size; paths as given).
     """
     out, model_path = Path(out), Path(user.path)
@@ -85,7 +86,7 @@ def model_ref_for(user: UserModel, out: Path, *, build: str | None, eval: str | 
                    "source": source_digest(user.files or ((model_path,) if model_path.is_file() else ()))}
     record: dict[str, Any] = {k: v for k, v in (fidelity or {}).items() if v is not None}
     record.update({k: _relative_to(Path(record[k]), out) for k in ("data", "tokenizer") if k in record})
-    file = ("hf:" if user.hf else "") + _relative_to(model_path, out)
+    file = None if user.no_file else ("hf:" if user.hf else "") + _relative_to(model_path, out)
     return ModelRef(file=file, build=specs["build"], eval=specs["eval"], inputs=specs["inputs"], **digests, **record)
 
 
@@ -116,8 +117,12 @@ def resolve_model_ref(ref: ModelRef, plan_dir: Path, *,
                                    f"there (looked for {path}); {hint}"))
         return str(path)
 
+    if file is None and ref.file is None:
+        raise ConfigError(f"model: the plan in {plan_dir} was made by tuner.tune() in a notebook or a script, with "
+                          "no model file to rebuild the model from; give one that defines build_model() and "
+                          "evaluate(model): `model` MODEL.py", fields=("model",))
     if file is None:
-        file = locate("model", ref.file)
+        file = locate("model", str(ref.file))
     resolved: list[str | None] = []
     for role in FUNCTION_ROLES:
         spec = getattr(ref, role)

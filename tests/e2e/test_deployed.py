@@ -231,6 +231,36 @@ def build_model():
     return Model().eval()
 """
 
+# (f) tensors no plan lowers: a complex spectral filter (a parameter), a float64 constant, an int64 counter
+OWN_DTYPES = """
+class Spectral(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.filt = nn.Parameter(torch.randn(9, dtype=torch.complex64))
+
+    def forward(self, x):
+        return torch.fft.irfft(torch.fft.rfft(x.float(), dim=-1) * self.filt, n=16, dim=-1)
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.spec = Spectral()
+        self.register_buffer("center", torch.randn(16, dtype=torch.float64))
+        self.register_buffer("steps", torch.tensor(7))
+        self.proto = nn.Parameter(torch.randn(4, 16))
+
+    def forward(self, x):
+        h = self.spec(self.a(x)) - self.center.float()
+        return torch.cdist(h + 1000.0, self.proto + 1000.0)
+
+
+def build_model():
+    torch.manual_seed(0)
+    return Model().eval()
+"""
+
 
 def _tune_and_load(tmp_path: Path, source: str, *extra: str):
     path = tmp_path / "model.py"
@@ -367,3 +397,16 @@ def test_a_models_own_autocast_on_region_runs_as_torch_autocast_runs_it(tmp_path
     assert res.exit_code == 0, res.output
     row = next(line.split() for line in res.output.splitlines() if line.startswith("own.inner "))
     assert row[3] == "fp16" and row[-1] == "model-ac"
+
+
+def test_complex_float64_and_integer_tensors_are_kept_bit_for_bit_and_the_checkpoint_checks(tmp_path):
+    plan, trial, deployed, out, user = _tune_and_load(tmp_path, OWN_DTYPES, "--metric", "rel-error",
+                                                      "--tolerance", "1e-6")
+    assert torch.equal(trial.output, deployed.output)
+    loaded = tuner.load(user.build(), out)
+    state = loaded.state_dict()
+    want = user.build().state_dict()
+    for name in ("spec.filt", "center", "steps"):
+        assert state[name].dtype == want[name].dtype and torch.equal(state[name], want[name]), name
+    res = CliRunner().invoke(main, ["check", str(out), "--checkpoint"])
+    assert res.exit_code == 0, res.output

@@ -135,11 +135,14 @@ class StateGuard:
 
 
 def check_fp32_model(model: nn.Module, who: str = "build_model()", where: str | None = None) -> None:
-    """UserCodeError when a floating parameter or buffer of `model` is not FP32: mpt tunes an FP32 model."""
+    """UserCodeError when a parameter or buffer of `model` is in a lower precision (bf16, fp16, fp8): mpt tunes
+    an FP32 model and would take it as the FP32 baseline. float64, complex and integer tensors are the model's
+    own (a centering constant, a step counter, spectral weights): no plan lowers them, as torch.autocast
+    leaves them, and the checkpoint keeps them bit for bit."""
     other: dict[torch.dtype, list[str]] = {}
     for kind, items in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
         for name, t in items:
-            if t.is_floating_point() and t.dtype != torch.float32:
+            if t.is_floating_point() and t.dtype not in (torch.float32, torch.float64):
                 other.setdefault(t.dtype, []).append(f"{kind} {name}")
     if not other:
         return

@@ -134,7 +134,9 @@ def _check_stored(model: nn.Module, path: str | Path) -> str | None:
         reader.close()
 
 
-_FILE_DTYPES = {name: dtype for dtype, name in FORMAT_DTYPES.items()}
+# mpt's writer's names, and those safetensors' own writer uses for what mpt's does not write itself (a complex
+# parameter: `write_safetensors` hands such a state dict to safetensors.torch.save_file).
+_FILE_DTYPES = {name: dtype for dtype, name in FORMAT_DTYPES.items()} | {"C64": torch.complex64}
 
 
 class _FileReader:

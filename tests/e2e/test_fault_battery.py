@@ -334,7 +334,8 @@ def test_inspect_reports_rules_as_enum_and_replays_in_place_ops_on_their_input_b
 
 def test_rule_properties():
     assert {r for r in Rule if r.forced} == {Rule.INPLACE, Rule.INPLACE_FIRST_INPUT, Rule.OUT, Rule.OUT_FIRST_INPUT,
-                                            Rule.EXPLICIT_DTYPE, Rule.FLOAT64, Rule.OTHER_DEVICE, Rule.NO_FLOAT}
+                                            Rule.EXPLICIT_DTYPE, Rule.FLOAT64, Rule.OTHER_DEVICE, Rule.NO_FLOAT,
+                                            Rule.MODEL_FP32, Rule.MODEL_AUTOCAST}
     assert {r for r in Rule if r.mutates} == {Rule.INPLACE, Rule.INPLACE_FIRST_INPUT, Rule.OUT, Rule.OUT_FIRST_INPUT}
     assert all(r.text for r in Rule) and Rule.LOWER == "lower" and f"{Rule.OUT}" == "out"
     assert Rule.INSTANCE.describe("fp32") == "instance override: fp32"

@@ -22,13 +22,16 @@ HELP = f"""mpt: find which ops of a PyTorch model can run in bfloat16/float16, a
 \b
 Your model file defines build_model() -> nn.Module, evaluate(model) -> float
 and optionally example_inputs() -> tuple. Point at another function with
-MODEL.py:NAME or the --build/--eval/--inputs options.
+MODEL.py:NAME or the --build/--eval/--inputs options. No evaluate? Give
+--metric (agreement, cosine, kl, ...) with --data inputs. A Hugging Face
+folder (save_pretrained) needs no model file: hf:DIR --data FILE.
 
 \b
 Start with:
   mpt presets                               # the shipped op-list presets
   mpt inspect examples/digits_cnn.py        # per-op precision, reason, error
   mpt tune examples/digits_sensor.py --dtype bf16   # search FP32 fallbacks
+  mpt tune hf:DIR --data inputs.safetensors         # a saved HF model folder
   mpt check mpt-out                         # CI gate: does the plan still hold?
 
 {exitcodes.HELP}

@@ -20,6 +20,7 @@ Examples:
   mpt tune examples/digits_sensor.py --dtype bf16
   mpt tune model.py --tolerance 0.005 --max-evals 20 --out runs/bf16
   mpt tune model.py:make_net --eval score --lower-is-better --absolute --tolerance 0.1
+  mpt tune hf:runs/tiny-bert --data runs/tiny-bert/calibration.safetensors
   mpt tune --config configs/digits_sensor.yaml
   mpt tune model.py --out runs/bf16 --resume     # continue an interrupted run
   torchrun --nproc-per-node 4 --no-python mpt tune model.py   # evaluate sharded over 4 processes
@@ -27,7 +28,8 @@ Examples:
 \b
 Outputs in --out: plan.yaml, lower_precision_ops.txt, fp32_ops.txt,
 model.safetensors, report.json, report.md, search.html, journal.jsonl.
-Load the result with tuner.load(build_model(), "mpt-out").
+Load the result with tuner.load(build_model(), "mpt-out"), an hf: run's with
+tuner.load("hf:DIR", "mpt-out"); report.md prints the line for the run.
 """
 
 

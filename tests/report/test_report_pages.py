@@ -98,3 +98,23 @@ def test_search_page_labels_cover_no_dot_and_no_other_label(run):
     dots = [marker_box(float(cx), float(cy)) for cx, cy in centres]
     assert len(dots) >= run.result.evals and placed
     _assert_apart(placed, dots)
+
+
+def test_report_md_load_snippet_runs_as_printed(run, monkeypatch):
+    """report.md's snippet imports the model file's build_model itself: pasted as it is, it loads the tuned model."""
+    import sys
+
+    import tuner
+
+    snippet = (run.out / "report.md").read_text().split("```python\n")[1].split("```")[0]
+    assert "from planted_model import build_model" in snippet
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "planted_model", raising=False)
+    scope: dict = {}
+    try:
+        exec(snippet, scope)
+        evaluate = sys.modules["planted_model"].evaluate
+    finally:
+        sys.modules.pop("planted_model", None)
+    assert tuner.attached(scope["model"]) is not None
+    assert evaluate(scope["model"]) == run.result.metric  # the tuned model, as the tune measured it

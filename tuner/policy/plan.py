@@ -153,8 +153,10 @@ class ModelRef:
         if not self.structure:
             return
         if structure_digest(model) != self.structure:
+            hint = (f'; tuner.load("{self.file}", OUT) builds the model as the tune did'
+                    if self.file.startswith("hf:") else "")
             raise PlanMismatchError(f"{what} was made for another model ({self.file}): its module tree or "
-                                    "parameter shapes differ from this model's")
+                                    f"parameter shapes differ from this model's{hint}")
 
 
 @dataclass(frozen=True)

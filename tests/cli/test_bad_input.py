@@ -511,3 +511,16 @@ def test_out_of_memory_is_one_message_and_exit_2_wherever_it_hits(runner, tmp_pa
             return Big()
         """))
     assert_error(mpt(runner, "inspect", fwd), exitcodes.USAGE, "out of memory while running ", "free memory")
+
+
+@pytest.mark.parametrize(("args", "fragments"), [
+    (["tune", "m.py", "--dtype", "fp8"], ["'--dtype'", "'fp8'", "bf16", "see mpt tune --help"]),
+    (["tune", "m.py", "--max-evals", "abc"], ["'--max-evals'", "see mpt tune --help"]),
+    (["--bogus"], ["'--bogus'", "see mpt --help"]),
+    (["nosuch"], ["'nosuch'", "see mpt --help"])])
+def test_click_usage_errors_are_one_mpt_error_line(runner, args, fragments):
+    """A bad choice or an unknown option reads like every other error: one line, exit 2, no usage block."""
+    res = mpt(runner, *args)
+    err = assert_error(res, exitcodes.USAGE, *fragments)
+    assert err.count("\n") == 1 and "Usage:" not in res.output and "Error:" not in res.output
+    assert "Usage:" in mpt(runner).output  # `mpt` alone still shows the help

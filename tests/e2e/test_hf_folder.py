@@ -159,12 +159,16 @@ def test_a_sentence_transformers_run_loads_by_its_folder_and_into_the_users_own_
     assert torch.equal(bare(**batch).last_hidden_state, expected["token_embeddings"])
 
 
-def test_an_hf_run_loads_back_by_its_folder_as_report_md_prints_it(runner, saved, tmp_path):
+def test_an_hf_run_loads_back_by_its_folder_as_report_md_prints_it_and_is_titled_by_it(runner, saved, tmp_path):
     out = tmp_path / "out"
     res = mpt(runner, "tune", f"hf:{saved / 'mlm'}", "--data", saved / "data.safetensors", "--out", out, "-q",
               "--no-latency", "--max-evals", "2")
     assert res.exit_code in (0, 3), res.output
-    assert f'tuner.load("hf:{saved / "mlm"}", "{out}")' in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert f'tuner.load("hf:{saved / "mlm"}", "{out}")' in report
+    title = f"mpt tune: <code>hf:{saved.name}/mlm</code> in bf16"  # the folder and its parent, not `model`
+    assert report.startswith(f"### mpt tune: `hf:{saved.name}/mlm` in bf16")
+    assert title in (out / "search.html").read_text()
     model = _snippet(out)
     assert isinstance(model, transformers.BertForMaskedLM) and tuner_attached(model) is not None
     with pytest.raises(ConfigError, match="hf:DIR"):

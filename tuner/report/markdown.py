@@ -24,7 +24,7 @@ def _cell(text: str) -> str:
 def report_markdown(result: TuneResult, report: TuneReport, out: Path) -> str:
     """The text of report.md; `out` is the output folder the load snippet names."""
     dtype = report.plan.dtype
-    facts = run_facts(result, report)
+    facts = run_facts(result, report, out)
     d = run_digits(result, report)
     met = result.status is TuneStatus.MET
     status = "✅ target met" if met else "❌ target not met"

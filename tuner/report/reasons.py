@@ -7,9 +7,11 @@ by this instance it proves the instance needed (`proved`); otherwise it is the c
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from tuner.core.hf_config import HF_PREFIX
 from tuner.report.outcome import TuneReport
 from tuner.search.results import Trial, TuneResult
 
@@ -76,9 +78,22 @@ class RunFacts:
         return f"{self.seconds:.1f} s" if self.seconds < 120 else f"{self.seconds / 60:.1f} min"
 
 
-def run_facts(result: TuneResult, report: TuneReport) -> RunFacts:
-    """The model's file (and build function when named), the report's date, the whole run's time."""
+def run_facts(result: TuneResult, report: TuneReport, out: Path | None = None) -> RunFacts:
+    """The model's file (and build function when named) or hf: folder, the report's date, the whole run's time.
+    `out`: the output folder the plan's paths are relative to (an hf: folder is named by where it lies)."""
     ref = report.plan.model
-    model = "(model object)" if ref is None else Path(ref.file).name + (f":{ref.build}" if ref.build else "")
+    model = "(model object)" if ref is None else \
+        _model_name(ref.file, out) + (f":{ref.build}" if ref.build else "")
     created = report.created.replace("T", " ")[:19] + (" UTC" if report.created else "")
     return RunFacts(model, created or "unknown", result.seconds + report.seconds, result.evals)
+
+
+def _model_name(file: str, out: Path | None) -> str:
+    """A model file's name; an hf: folder's last two names (`hf:all-MiniLM-L6-v2/model`): a saved folder is
+    often called `model` or `final`, which alone says nothing of what was tuned."""
+    if not file.startswith(HF_PREFIX):
+        return Path(file).name
+    folder = Path(file[len(HF_PREFIX):])
+    if out is not None and not folder.is_absolute():
+        folder = Path(os.path.abspath(out / folder))
+    return HF_PREFIX + "/".join(p for p in Path(os.path.normpath(folder)).parts[-2:] if p not in ("..", ".", "/"))

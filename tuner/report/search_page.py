@@ -3,6 +3,7 @@ of trials, in one self-contained page."""
 from __future__ import annotations
 
 import html
+from pathlib import Path
 
 from tuner.report.metric_text import fmt_metric
 from tuner.report.outcome import TuneReport
@@ -18,11 +19,11 @@ dl.facts dd{margin:0}td.num{text-align:right;font-variant-numeric:tabular-nums}c
 p.met{color:#1a7f37}p.missed{color:#c00}"""
 
 
-def search_page(result: TuneResult, report: TuneReport) -> str:
-    """The text of search.html."""
+def search_page(result: TuneResult, report: TuneReport, out: Path | None = None) -> str:
+    """The text of search.html; `out`: the output folder (where the plan's paths start)."""
     dtype = html.escape(report.plan.dtype)
     d = run_digits(result, report)
-    facts = run_facts(result, report)
+    facts = run_facts(result, report, out)
     said = verdict(result, report)
     rows = "\n".join(_row(t, t.n == result.chosen, d) for t in report.trials)
     latency = html.escape(report.latency.text() + _latency_spread(report)) if report.latency else "not timed"

@@ -118,3 +118,62 @@ def test_report_md_load_snippet_runs_as_printed(run, monkeypatch):
         sys.modules.pop("planted_model", None)
     assert tuner.attached(scope["model"]) is not None
     assert evaluate(scope["model"]) == run.result.metric  # the tuned model, as the tune measured it
+
+
+@pytest.fixture(scope="module")
+def kept(tmp_path_factory):
+    """A tune of three planted culprits: the search keeps the three FP32 after the all-low trial fails, and
+    lowers one of them alone once, so only that one has a trial of its own."""
+    out = tmp_path_factory.mktemp("kept") / "out"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MPT_TEST_FRAGILE", "3")
+        model = load_user_model(PLANTED)
+    return tune_into_folder(model, TuneOptions(tolerance=0.002), out, latency=False)
+
+
+def test_why_fp32_rows_name_the_trial_that_isolated_the_op_or_say_it_had_none(kept):
+    """A row blames a trial only when that trial lowered nothing else of the plan; an op kept FP32 with the
+    others when the all-low trial failed says it had no trial of its own (not 'trial 2 failed with it')."""
+    result = kept.result
+    plan = {i.label() for i in result.plan.fp32_instances}
+    trials = {t.n: t for t in result.trials}
+    text = (kept.out / "report.md").read_text()
+    rows = dict(re.findall(r"^\| `(.+?)` \| (.+?) \|", text, re.M))
+    assert set(rows) == plan and len(plan) == 3
+    own = [label for label, why in rows.items() if why.endswith("(only change from the plan)")]
+    for label in own:
+        n = int(re.match(r"trial (\d+) failed with it in bf16", rows[label]).group(1))
+        assert not trials[n].passed and set(trials[n].fp32) == plan - {label}
+    none = [label for label in plan if label not in own]
+    assert none, rows  # the search kept some without a trial of their own
+    all_low = next(t.n for t in result.trials if not t.baseline and not t.fp32)
+    for label in none:
+        assert rows[label] == (f"kept FP32 with 2 other instances when trial {all_low} failed with all 3 in bf16 "
+                               "(every candidate lowered); no trial of its own")
+    page = (kept.out / "search.html").read_text()
+    assert page.count("no trial of its own") == len(none)
+
+
+def test_a_module_tried_as_one_unit_is_proved_by_the_trial_that_lowered_that_module_alone():
+    """The search tries a module's ops together: a failed trial lowering exactly `attn`'s two instances
+    proves both, and an op it never isolated says so."""
+    from tuner.measure.shares import Shares
+    from tuner.policy.plan import OpInstance, Plan
+    from tuner.report.reasons import fp32_reasons
+    from tuner.search.results import Trial, TuneResult, TuneStatus
+
+    inst = (OpInstance("attn", "linear", 0), OpInstance("attn", "linear", 1), OpInstance("mlp", "linear", 0))
+    labels = tuple(i.label() for i in inst)
+
+    def trial(n: int, fp32: tuple[str, ...], passed: bool) -> Trial:
+        return Trial(n, "", fp32, 1.0, passed, 0.1, Shares())
+
+    trials = [trial(1, (), False), trial(2, labels, True), trial(3, labels[2:], False)]
+    result = TuneResult(Plan(fp32_instances=inst), TuneStatus.MET, 1.0, 0.9, 1.0, trials, 3, None, list(inst), {},
+                        chosen=2)
+    why = {r.label: (r.proved, r.text("bf16")) for r in fp32_reasons(result, trials)}
+    assert why["attn:linear#0"] == why["attn:linear#1"] == (True, (
+        "trial 3 failed with its module's 2 instances in bf16 (only change from the plan; a module's ops are "
+        "tried together)"))
+    assert why["mlp:linear#0"] == (False, "kept FP32 with 2 other instances when trial 1 failed with all 3 in bf16 "
+                                          "(every candidate lowered); no trial of its own")

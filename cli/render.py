@@ -17,11 +17,11 @@ def console() -> Console:
 
 
 def err(message: str) -> None:
-    print(f"mpt: error: {message}", file=sys.stderr)
+    print(f"mpt: error: {message}", file=sys.stderr, flush=True)
 
 
 def warn(message: str) -> None:
-    print(f"mpt: warning: {message}", file=sys.stderr)
+    print(f"mpt: warning: {message}", file=sys.stderr, flush=True)  # in order with stdout, on any stream
 
 
 def fmt_err(value: float | None, digits: int = 2) -> str:

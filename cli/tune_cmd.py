@@ -46,6 +46,8 @@ class _Renderer:
         self.status: Any = None
         self.digits = MetricDigits()  # one run's metrics are written with one number of digits
         self.target_digits = 0  # the digits the target was last shown with (0: not yet shown)
+        self.held: list[str] = []  # run warnings waiting for the first evaluation to come back
+        self.shown: set[str] = set()  # run warnings already printed (the summary does not repeat them)
 
     def working(self, message: str) -> None:
         """A spinner on a terminal (replaced by the next line), a plain line when piped."""
@@ -79,7 +81,11 @@ class _Renderer:
         if event.kind is EventKind.RANK:
             self.ranking(data)
             return
+        if event.kind is EventKind.WARNING:
+            self.held.append(data.text)
+            return
         self.stop()
+        self.flush_warnings()
         if event.kind is EventKind.BASELINE:
             self.target_digits = max(6, self.digits.set_reference(data.value, data.target))
             self.out.print(self.baseline_line(data, self.target_digits), markup=False)
@@ -90,6 +96,14 @@ class _Renderer:
                            f"numbers; all-{data.dtype} output error {data.all_low_error:.2e}", markup=False)
         elif event.kind is EventKind.TRIAL:
             self.trial(data)
+
+    def flush_warnings(self) -> None:
+        """The run's warnings, once the first evaluation came back: before the search (a slow dtype can be
+        stopped at once), yet never above an error of evaluate's that they do not explain."""
+        for text in self.held:
+            warn(text)
+            self.shown.add(text)
+        self.held.clear()
 
     @staticmethod
     def baseline_line(b: Any, digits: int = 6) -> str:
@@ -161,7 +175,7 @@ def tune_cmd(**values: Any) -> None:
         run, ranks = _tune(opts, render, started)
     finally:
         render.stop()
-    code = _summarize(run, opts, opts.quiet) if ranks.is_main else None
+    code = _summarize(run, opts, opts.quiet, shown=render.shown) if ranks.is_main else None
     click.get_current_context().exit(ranks.finish(code))  # under torchrun every rank ends with rank 0's code
 
 
@@ -180,8 +194,9 @@ def _tune(opts: Any, render: _Renderer, started: float) -> tuple[Any, Any]:
     return run, ranks
 
 
-def _summarize(run: Any, options: Any, quiet: bool) -> int:
-    """The verdict (a short panel on a terminal, plain lines when piped), notes and warnings; the exit code."""
+def _summarize(run: Any, options: Any, quiet: bool, shown: set[str] | frozenset[str] = frozenset()) -> int:
+    """The verdict (a short panel on a terminal, plain lines when piped), notes and warnings (but those `shown`
+    while it ran); the exit code."""
     from tuner.core.output_files import REPORT_MD_NAME, SEARCH_PAGE_NAME
     from tuner.report.verdict import verdict
     from tuner.search.results import StopReason
@@ -197,7 +212,8 @@ def _summarize(run: Any, options: Any, quiet: bool) -> int:
         out_console.print(f"note: {note}", markup=False)
     if not quiet:  # after the run: a warning must never come before an error it does not explain
         for w in report.warnings:
-            warn(w)
+            if w not in shown:
+                warn(w)
     said = verdict(result, report)
     met, head, rest = said.met, said.head, list(said.details)
     if report.latency is not None:

@@ -22,6 +22,9 @@ def hf_folder(spec: str) -> Path:
     """The folder of `hf:PATH`; ConfigError (exit 2) when it is not a saved model folder."""
     text = spec[len(HF_PREFIX):]
     folder = Path(text).expanduser()
+    if folder.is_file() and (folder.parent / "config.json").is_file():
+        raise ConfigError(f"hf:PATH takes the folder saved with save_pretrained, not a file in it: pass the "
+                          f"folder: {HF_PREFIX}{Path(text).parent}")
     if not folder.is_dir():
         raise ConfigError(f"model folder not found: {text} (hf:PATH takes a local folder saved with "
                           "save_pretrained)")

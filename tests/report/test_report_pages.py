@@ -1,5 +1,6 @@
 """search.html and report.md open with the run's facts and say why each FP32 instance is needed; the plot's
 trial numbers never overlap."""
+import html
 import itertools
 import re
 from pathlib import Path
@@ -177,3 +178,28 @@ def test_a_module_tried_as_one_unit_is_proved_by_the_trial_that_lowered_that_mod
         "tried together)"))
     assert why["mlp:linear#0"] == (False, "kept FP32 with 2 other instances when trial 1 failed with all 3 in bf16 "
                                           "(every candidate lowered); no trial of its own")
+
+
+def test_search_page_has_an_error_column_only_when_a_trial_raised(kept, tmp_path):
+    """No empty `error` column in a run whose evaluate never raised; where a trial's evaluate raised, the
+    column holds that trial's error (and only that trial's)."""
+    from tests.cli.test_bad_input import model_file
+
+    quiet = (kept.out / "search.html").read_text()
+    assert "error</th>" not in quiet and "</td><td></td></tr>" not in quiet
+    path = model_file(tmp_path, {"evaluate": """
+        def evaluate(model):
+            with torch.no_grad():
+                out = model(torch.ones(3, 4))
+            if out.dtype != torch.float32:
+                raise ValueError(f"expected float32 logits, got {out.dtype}")
+            return 1.0
+        """})
+    run = tune_into_folder(load_user_model(str(path)), TuneOptions(), tmp_path / "out", latency=False)
+    page = (run.out / "search.html").read_text()
+    assert "<th>evaluate error</th>" in page
+    raised = [t for t in run.result.trials if t.error]
+    assert raised and all("expected float32 logits, got torch.bfloat16" in t.error for t in raised)
+    for t in run.result.trials:
+        row = re.search(rf"<tr(?: class=\"chosen\")?><td>{t.n}</td>.*?</tr>", page).group(0)
+        assert row.endswith(f"<td>{html.escape(t.error)}</td></tr>" if t.error else "<td></td></tr>"), row

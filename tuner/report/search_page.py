@@ -25,7 +25,8 @@ def search_page(result: TuneResult, report: TuneReport, out: Path | None = None)
     d = run_digits(result, report)
     facts = run_facts(result, report, out)
     said = verdict(result, report)
-    rows = "\n".join(_row(t, t.n == result.chosen, d) for t in report.trials)
+    errors = any(t.error for t in report.trials)  # the column only where a trial's evaluate raised
+    rows = "\n".join(_row(t, t.n == result.chosen, d, errors) for t in report.trials)
     latency = html.escape(report.latency.text() + _latency_spread(report)) if report.latency else "not timed"
     items = [("model", f"<code>{html.escape(facts.model)}</code>"), ("date", html.escape(facts.created)),
              ("total time", facts.time_text()), ("evaluations", f"{facts.evaluations}" +
@@ -51,7 +52,7 @@ joins the best plans that met the target.</p>
 <h2>Trials</h2><p>Each trial says what it changed from the trial before it (<code>+N FP32</code>: kept in FP32,
 <code>-N</code>: back in {dtype}; <code>*</code> stands for indices) and how many instances its plan keeps in FP32.</p>
 <table><tr><th>#</th><th>what changed</th><th>metric</th><th>result</th><th>lower-precision share</th>
-<th>seconds</th><th>error</th></tr>
+<th>seconds</th>{'<th>evaluate error</th>' if errors else ''}</tr>
 {rows}</table></body></html>"""
 
 
@@ -77,9 +78,11 @@ def _reason_row(r: Fp32Reason, dtype: str) -> str:
             f'<td class="num">{r.score_text()}</td><td class="num">{html.escape(r.flop_text())}</td></tr>')
 
 
-def _row(t: Trial, chosen: bool, digits: int) -> str:
+def _row(t: Trial, chosen: bool, digits: int, errors: bool) -> str:
+    """One trial; `errors`: with the error its evaluate raised (or its metric's, not finite), when any did."""
     outcome = "baseline" if t.baseline else "pass" if t.passed else "fail"
     mark = ' class="chosen"' if chosen else ""
     return (f"<tr{mark}><td>{t.n}</td><td>{html.escape(t.label)}{' <b>(chosen)</b>' if mark else ''}</td>"
             f'<td class="num">{fmt_metric(t.metric, digits)}</td><td>{outcome}</td><td>{t.shares.short()}</td>'
-            f'<td class="num">{t.seconds:.2f}</td><td>{html.escape(t.error or "")}</td></tr>')
+            f'<td class="num">{t.seconds:.2f}</td>' + (f"<td>{html.escape(t.error or '')}</td>" if errors else "")
+            + "</tr>")

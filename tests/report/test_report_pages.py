@@ -34,10 +34,10 @@ def test_search_page_states_model_date_time_and_why_each_fp32_instance(run):
     failed = {t.n for t in run.result.trials if not t.passed}
     for label in fp32:
         row = re.search(rf"<tr><td><code>{re.escape(label)}</code></td><td>trial (\d+) failed with it in bf16.*?"
-                        r'<td class="num">([\d.e-]+)</td><td class="num">([\d.]+)%</td>', page)
+                        r'<td class="num">([\d.e+-]+)%</td><td class="num">([\d.]+)%</td>', page)
         assert row, label
         assert int(row.group(1)) in failed  # the evidence is a trial that failed with it lowered
-        assert float(row.group(2)) == pytest.approx(run.result.scores[label], rel=1e-2)
+        assert float(row.group(2)) == pytest.approx(100 * run.result.scores[label], rel=1e-2)
         assert float(row.group(3)) == pytest.approx(100 * run.result.flop_shares[label], abs=0.06)
 
 
@@ -203,3 +203,19 @@ def test_search_page_has_an_error_column_only_when_a_trial_raised(kept, tmp_path
     for t in run.result.trials:
         row = re.search(rf"<tr(?: class=\"chosen\")?><td>{t.n}</td>.*?</tr>", page).group(0)
         assert row.endswith(f"<td>{html.escape(t.error)}</td></tr>" if t.error else "<td></td></tr>"), row
+
+
+def test_the_score_column_says_what_it_measures_in_which_unit(kept):
+    """Not a bare `score`: the column is the output error with that op alone in bf16, in percent, and a line
+    under the table says how it is measured."""
+    md = (kept.out / "report.md").read_text()
+    page = (kept.out / "search.html").read_text()
+    assert "| op instance | why FP32 | output error, alone in bf16 | FLOP share |" in md
+    assert "<th>output error, alone in bf16</th>" in page and "<th>score</th>" not in page
+    for text in (md, html.unescape(page)):
+        assert "output error, alone in bf16: the ranking's score" in text
+        assert "(‖Δoutput‖ / ‖output‖, in percent)" in text
+    for label, score in kept.result.scores.items():
+        if any(i.label() == label for i in kept.result.plan.fp32_instances):
+            shown = re.search(rf"^\| `{re.escape(label)}` \| .+? \| ([\d.e+-]+)% \| ", md, re.M).group(1)
+            assert float(shown) == pytest.approx(100 * score, rel=1e-2)

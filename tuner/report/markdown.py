@@ -11,7 +11,7 @@ from tuner.core.loader import DEFAULT_BUILD
 from tuner.policy.plan import ModelRef
 from tuner.report.metric_text import fmt_metric
 from tuner.report.outcome import TuneReport
-from tuner.report.reasons import fp32_reasons, run_facts
+from tuner.report.reasons import fp32_reasons, run_facts, score_header, score_note
 from tuner.report.verdict import plan_share, run_digits
 from tuner.search.results import TuneResult, TuneStatus
 
@@ -106,9 +106,9 @@ def _details(result: TuneResult, report: TuneReport) -> list[str]:
     reasons = fp32_reasons(result, report.trials)
     if reasons:
         lines += ["<details><summary>FP32 op instances and why</summary>", "",
-                  "| op instance | why FP32 | score | FLOP share |", "|---|---|---|---|"]
+                  f"| op instance | why FP32 | {score_header(dtype)} | FLOP share |", "|---|---|---|---|"]
         lines += [f"| `{r.label}` | {_cell(r.text(dtype))} | {r.score_text()} | {r.flop_text()} |" for r in reasons]
-        lines += ["", "</details>", ""]
+        lines += ["", score_note(dtype), "", "</details>", ""]
     d = run_digits(result, report)
     lines += ["<details><summary>Trials</summary>", "", f"| # | what changed | metric | result | in {dtype} |",
               "|---|---|---|---|---|"]

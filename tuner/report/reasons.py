@@ -10,6 +10,7 @@ each unit alone).
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +48,13 @@ class Fp32Reason:
         return self.trial is not None and self.extra == 0 and (self.others == 0 or self.module)
 
     def score_text(self) -> str:
-        return "-" if self.score is None else f"{self.score:.3g}"
+        """The ranking's score with its unit: a relative change of the output, in percent (`51.4%`); `-`: not
+        ranked (`score_header` and `score_note` say what it measures)."""
+        if self.score is None:
+            return "-"
+        if math.isinf(self.score) or math.isnan(self.score):
+            return "inf (overflow)" if self.score > 0 else "nan"
+        return f"{100 * self.score:.3g}%"
 
     def flop_text(self) -> str:
         """`2.9%`; `<0.1%` for an op with FLOPs too few to show; `0%` for none (an elementwise op)."""
@@ -74,6 +81,17 @@ class Fp32Reason:
             return f"trial {t.n} failed with it in {dtype}{also}; no trial of its own"
         return (f"kept FP32 with {self.others} other instance{'s' if self.others > 1 else ''} when trial {t.n} "
                 f"failed with all {self.others + 1} in {dtype}{everything}{also}; no trial of its own")
+
+
+def score_header(dtype: str) -> str:
+    """The heading of the score column: what the number is, not `score`."""
+    return f"output error, alone in {dtype}"
+
+
+def score_note(dtype: str) -> str:
+    """What the score column measures, said once under the table."""
+    return (f"{score_header(dtype)}: the ranking's score, its estimate of how much the model's output on the "
+            f"example inputs changes (‖Δoutput‖ / ‖output‖, in percent) with only that op instance in {dtype}.")
 
 
 def fp32_reasons(result: TuneResult, trials: tuple[Trial, ...] | list[Trial]) -> list[Fp32Reason]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from tuner.report.metric_text import fmt_metric
 from tuner.report.outcome import TuneReport
 from tuner.report.plot import svg_plot
-from tuner.report.reasons import Fp32Reason, fp32_reasons, run_facts
+from tuner.report.reasons import Fp32Reason, fp32_reasons, run_facts, score_header, score_note
 from tuner.report.verdict import plan_share, run_digits, verdict
 from tuner.search.results import Trial, TuneResult
 
@@ -68,14 +68,17 @@ def _fp32_section(result: TuneResult, report: TuneReport) -> str:
     n, total = len(report.plan.fp32_instances), len(result.candidates)
     if not n:
         return f"<h2>FP32 op instances</h2><p>None: all {total} candidates run in {html.escape(report.plan.dtype)}.</p>"
-    rows = "\n".join(_reason_row(r, report.plan.dtype) for r in fp32_reasons(result, report.trials))
+    dtype = report.plan.dtype
+    rows = "\n".join(_reason_row(r, dtype) for r in fp32_reasons(result, report.trials))
     return (f"<h2>FP32 op instances ({n} of {total})</h2>\n<table><tr><th>op instance</th><th>why FP32</th>"
-            f"<th>score</th><th>FLOP share</th></tr>\n{rows}</table>")
+            f"<th>{html.escape(score_header(dtype))}</th><th>FLOP share</th></tr>\n{rows}</table>\n"
+            f"<p>{html.escape(score_note(dtype))}</p>")
 
 
 def _reason_row(r: Fp32Reason, dtype: str) -> str:
     return (f"<tr><td><code>{html.escape(r.label)}</code></td><td>{html.escape(r.text(dtype))}</td>"
-            f'<td class="num">{r.score_text()}</td><td class="num">{html.escape(r.flop_text())}</td></tr>')
+            f'<td class="num">{html.escape(r.score_text())}</td><td class="num">{html.escape(r.flop_text())}</td>'
+            "</tr>")
 
 
 def _row(t: Trial, chosen: bool, digits: int, errors: bool) -> str:

@@ -13,7 +13,7 @@ from tuner.report.metric_text import MetricDigits, fmt_metric
 from . import exitcodes
 from .common import guarded, join_ranks
 from .options import TUNE, command_options, options
-from .render import console, err, is_tty, warn
+from .render import console, err, hanging, is_tty, warn
 
 EPILOG = """\b
 Examples:
@@ -141,12 +141,12 @@ class _Renderer:
         extra = f" ({t.error})" if t.error else ""
         cached = " [journal]" if t.from_journal else ""
         if self.tty:
-            from rich.markup import escape
+            from rich.text import Text
 
             style = "dim" if t.baseline else "green" if t.passed else "red"
-            self.out.print(f"[dim]eval {t.n:>3}[/dim]  [{style}]{verdict:4}[/{style}]  {metric:>8}  "
-                           f"low {t.shares.short()}  {t.seconds:6.2f}s  {escape(t.label + extra + cached)}",
-                           markup=True)
+            head = Text.assemble((f"eval {t.n:>3}", "dim"), "  ", (f"{verdict:4}", style),
+                                 f"  {metric:>8}  low {t.shares.short()}  {t.seconds:6.2f}s  ")
+            self.out.print(hanging(self.out, head, Text(t.label + extra + cached)))
         else:
             self.out.print(f"eval {t.n:>3}  {verdict:4}  metric {metric:>8}  low {t.shares.short()}  "
                            f"{t.seconds:6.2f}s  {t.label}{extra}{cached}", markup=False)

@@ -15,6 +15,7 @@ from .check_cmd import check_cmd
 from .inspect_cmd import inspect_cmd
 from .options import DEBUG
 from .presets_cmd import presets_cmd
+from .render import err
 from .tune_cmd import tune_cmd
 
 HELP = f"""mpt: find which ops of a PyTorch model can run in bfloat16/float16, and prove it.
@@ -22,13 +23,16 @@ HELP = f"""mpt: find which ops of a PyTorch model can run in bfloat16/float16, a
 \b
 Your model file defines build_model() -> nn.Module, evaluate(model) -> float
 and optionally example_inputs() -> tuple. Point at another function with
-MODEL.py:NAME or the --build/--eval/--inputs options.
+MODEL.py:NAME or the --build/--eval/--inputs options. No evaluate? Give
+--metric (agreement, cosine, kl, ...) with --data inputs. A Hugging Face
+folder (save_pretrained) needs no model file: hf:DIR --data FILE.
 
 \b
 Start with:
   mpt presets                               # the shipped op-list presets
   mpt inspect examples/digits_cnn.py        # per-op precision, reason, error
   mpt tune examples/digits_sensor.py --dtype bf16   # search FP32 fallbacks
+  mpt tune hf:DIR --data inputs.safetensors         # a saved HF model folder
   mpt check mpt-out                         # CI gate: does the plan still hold?
 
 {exitcodes.HELP}
@@ -53,6 +57,18 @@ class MptGroup(click.Group):
     `python -m mpt_cli` call it), never inside a caller's process (click's CliRunner, a test).
     """
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            raise _one_line(exc) from None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            raise _one_line(exc) from None
+
     def main(self, args: Any = None, *rest: Any, **kwargs: Any) -> Any:
         if args is not None:
             return super().main(args, *rest, **kwargs)
@@ -70,6 +86,25 @@ class MptGroup(click.Group):
                 atexit._run_exitfuncs()  # what the user's code registered still runs (threads joined: no stray)
                 end_process(code)
             raise
+
+
+class OneLineUsageError(click.UsageError):
+    """click's usage error (a bad choice, an unknown option) as every mpt error is: one `mpt: error:` line
+    on stderr naming the help to read, exit code 2, instead of click's usage block and `Error:` line."""
+
+    def __init__(self, exc: click.UsageError) -> None:
+        super().__init__(exc.format_message(), exc.ctx)
+
+    def show(self, file: Any = None) -> None:
+        words = ["mpt", *(self.ctx.command_path.split()[1:] if self.ctx is not None else [])]
+        where = f"; see {' '.join(words)} --help"
+        err(" ".join(self.format_message().split()).rstrip(".") + where)
+
+
+def _one_line(exc: click.UsageError) -> click.UsageError:
+    """click's own `mpt` / `mpt tune` with no arguments shows the help (NoArgsIsHelpError): left as it is."""
+    no_args = getattr(click.exceptions, "NoArgsIsHelpError", ())
+    return exc if isinstance(exc, (OneLineUsageError, no_args)) else OneLineUsageError(exc)
 
 
 @click.group(cls=MptGroup, help=HELP,

@@ -5,6 +5,7 @@ import os
 import sys
 
 from rich.console import Console
+from rich.text import Text
 
 
 def is_tty() -> bool:
@@ -16,12 +17,28 @@ def console() -> Console:
     return Console(file=sys.stdout, highlight=False, soft_wrap=not is_tty())
 
 
+def hanging(out: Console, head: Text, body: Text, *, min_width: int = 24) -> Text:
+    """`head`, then `body` wrapped in the column right of it: a long trial label breaks between words and its
+    next lines start under its first, where the terminal would break it mid-word and go on at column 0 (a word
+    wider than the column is folded). Where the column would be narrower than `min_width`, the two as one text.
+    """
+    width = out.width - head.cell_len
+    if width < min_width:
+        return Text.assemble(head, body)
+    lines = body.wrap(out, width, overflow="fold")
+    text = head.copy()
+    for i, line in enumerate(lines):
+        line.rstrip()
+        text.append_text(Text("\n" + " " * head.cell_len) + line if i else line)
+    return text
+
+
 def err(message: str) -> None:
-    print(f"mpt: error: {message}", file=sys.stderr)
+    print(f"mpt: error: {message}", file=sys.stderr, flush=True)
 
 
 def warn(message: str) -> None:
-    print(f"mpt: warning: {message}", file=sys.stderr)
+    print(f"mpt: warning: {message}", file=sys.stderr, flush=True)  # in order with stdout, on any stream
 
 
 def fmt_err(value: float | None, digits: int = 2) -> str:

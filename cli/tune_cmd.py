@@ -13,13 +13,14 @@ from tuner.report.metric_text import MetricDigits, fmt_metric
 from . import exitcodes
 from .common import guarded, join_ranks
 from .options import TUNE, command_options, options
-from .render import console, err, is_tty, warn
+from .render import console, err, hanging, is_tty, warn
 
 EPILOG = """\b
 Examples:
   mpt tune examples/digits_sensor.py --dtype bf16
   mpt tune model.py --tolerance 0.005 --max-evals 20 --out runs/bf16
   mpt tune model.py:make_net --eval score --lower-is-better --absolute --tolerance 0.1
+  mpt tune hf:runs/tiny-bert --data runs/tiny-bert/calibration.safetensors
   mpt tune --config configs/digits_sensor.yaml
   mpt tune model.py --out runs/bf16 --resume     # continue an interrupted run
   torchrun --nproc-per-node 4 --no-python mpt tune model.py   # evaluate sharded over 4 processes
@@ -27,7 +28,8 @@ Examples:
 \b
 Outputs in --out: plan.yaml, lower_precision_ops.txt, fp32_ops.txt,
 model.safetensors, report.json, report.md, search.html, journal.jsonl.
-Load the result with tuner.load(build_model(), "mpt-out").
+Load the result with tuner.load(build_model(), "mpt-out"), an hf: run's with
+tuner.load("hf:DIR", "mpt-out"); report.md prints the line for the run.
 """
 
 
@@ -44,6 +46,8 @@ class _Renderer:
         self.status: Any = None
         self.digits = MetricDigits()  # one run's metrics are written with one number of digits
         self.target_digits = 0  # the digits the target was last shown with (0: not yet shown)
+        self.held: list[str] = []  # run warnings waiting for the first evaluation to come back
+        self.shown: set[str] = set()  # run warnings already printed (the summary does not repeat them)
 
     def working(self, message: str) -> None:
         """A spinner on a terminal (replaced by the next line), a plain line when piped."""
@@ -77,7 +81,11 @@ class _Renderer:
         if event.kind is EventKind.RANK:
             self.ranking(data)
             return
+        if event.kind is EventKind.WARNING:
+            self.held.append(data.text)
+            return
         self.stop()
+        self.flush_warnings()
         if event.kind is EventKind.BASELINE:
             self.target_digits = max(6, self.digits.set_reference(data.value, data.target))
             self.out.print(self.baseline_line(data, self.target_digits), markup=False)
@@ -88,6 +96,14 @@ class _Renderer:
                            f"numbers; all-{data.dtype} output error {data.all_low_error:.2e}", markup=False)
         elif event.kind is EventKind.TRIAL:
             self.trial(data)
+
+    def flush_warnings(self) -> None:
+        """The run's warnings, once the first evaluation came back: before the search (a slow dtype can be
+        stopped at once), yet never above an error of evaluate's that they do not explain."""
+        for text in self.held:
+            warn(text)
+            self.shown.add(text)
+        self.held.clear()
 
     @staticmethod
     def baseline_line(b: Any, digits: int = 6) -> str:
@@ -125,12 +141,12 @@ class _Renderer:
         extra = f" ({t.error})" if t.error else ""
         cached = " [journal]" if t.from_journal else ""
         if self.tty:
-            from rich.markup import escape
+            from rich.text import Text
 
             style = "dim" if t.baseline else "green" if t.passed else "red"
-            self.out.print(f"[dim]eval {t.n:>3}[/dim]  [{style}]{verdict:4}[/{style}]  {metric:>8}  "
-                           f"low {t.shares.short()}  {t.seconds:6.2f}s  {escape(t.label + extra + cached)}",
-                           markup=True)
+            head = Text.assemble((f"eval {t.n:>3}", "dim"), "  ", (f"{verdict:4}", style),
+                                 f"  {metric:>8}  low {t.shares.short()}  {t.seconds:6.2f}s  ")
+            self.out.print(hanging(self.out, head, Text(t.label + extra + cached)))
         else:
             self.out.print(f"eval {t.n:>3}  {verdict:4}  metric {metric:>8}  low {t.shares.short()}  "
                            f"{t.seconds:6.2f}s  {t.label}{extra}{cached}", markup=False)
@@ -159,7 +175,7 @@ def tune_cmd(**values: Any) -> None:
         run, ranks = _tune(opts, render, started)
     finally:
         render.stop()
-    code = _summarize(run, opts, opts.quiet) if ranks.is_main else None
+    code = _summarize(run, opts, opts.quiet, shown=render.shown) if ranks.is_main else None
     click.get_current_context().exit(ranks.finish(code))  # under torchrun every rank ends with rank 0's code
 
 
@@ -178,8 +194,9 @@ def _tune(opts: Any, render: _Renderer, started: float) -> tuple[Any, Any]:
     return run, ranks
 
 
-def _summarize(run: Any, options: Any, quiet: bool) -> int:
-    """The verdict (a short panel on a terminal, plain lines when piped), notes and warnings; the exit code."""
+def _summarize(run: Any, options: Any, quiet: bool, shown: set[str] | frozenset[str] = frozenset()) -> int:
+    """The verdict (a short panel on a terminal, plain lines when piped), notes and warnings (but those `shown`
+    while it ran); the exit code."""
     from tuner.core.output_files import REPORT_MD_NAME, SEARCH_PAGE_NAME
     from tuner.report.verdict import verdict
     from tuner.search.results import StopReason
@@ -195,7 +212,8 @@ def _summarize(run: Any, options: Any, quiet: bool) -> int:
         out_console.print(f"note: {note}", markup=False)
     if not quiet:  # after the run: a warning must never come before an error it does not explain
         for w in report.warnings:
-            warn(w)
+            if w not in shown:
+                warn(w)
     said = verdict(result, report)
     met, head, rest = said.met, said.head, list(said.details)
     if report.latency is not None:

@@ -35,10 +35,18 @@ def test_error_is_the_first_line_on_a_slow_bf16_cpu(runner, tmp_path, slow_bf16_
     assert "warning" not in res.stderr
 
 
+def test_the_speed_warning_comes_before_the_search_once(runner, tmp_path, slow_bf16_cpu):
+    """Shown before the first trial's line (the user can stop a slow run at once), not after the search, and
+    not again in the summary."""
+    res = runner.invoke(main, ["tune", str(model_file(tmp_path)), "--out", str(tmp_path / "a")])
+    assert res.exit_code == exitcodes.OK, res.output
+    said = "mpt: warning: this CPU has no AVX512-BF16"
+    assert res.output.count(said) == 1, res.output
+    assert res.output.index(said) < res.output.index("eval   1"), res.output
+    assert "(AVX512-BF16" not in res.output and "AVX512-BF16" in (tmp_path / "a" / "report.md").read_text()
+
+
 def test_quiet_silences_the_speed_warning(runner, tmp_path, slow_bf16_cpu):
-    path = model_file(tmp_path)
-    loud = runner.invoke(main, ["tune", str(path), "--out", str(tmp_path / "a")])
-    quiet = runner.invoke(main, ["tune", str(path), "--out", str(tmp_path / "b"), "-q"])
-    assert loud.exit_code == quiet.exit_code == exitcodes.OK, loud.output + quiet.output
-    assert "mpt: warning: this CPU has no AVX512-BF16" in loud.stderr
+    quiet = runner.invoke(main, ["tune", str(model_file(tmp_path)), "--out", str(tmp_path / "b"), "-q"])
+    assert quiet.exit_code == exitcodes.OK, quiet.output
     assert "warning" not in quiet.stderr

@@ -91,6 +91,28 @@ def test_a_missing_file_is_bad_input_on_every_command_and_in_the_help(runner, tm
     assert f"{exitcodes.USAGE}    bad usage" in shown and "model file or function not found" in shown
 
 
+def test_a_folder_given_as_the_model_file_names_the_fix(runner, tmp_path, monkeypatch):
+    """An output folder of a tune suggests `mpt inspect MODEL --plan DIR` with the model file its plan records;
+    a save_pretrained folder suggests `hf:DIR`; `hf:DIR/config.json` asks for the folder. One line, exit 2."""
+    monkeypatch.chdir(tmp_path)
+    model_file(tmp_path, name="net.py")
+    (tmp_path / "runs" / "m").mkdir(parents=True)
+    (tmp_path / "runs" / "m" / "plan.yaml").write_text("version: 1\ndtype: bf16\nmodel:\n  file: ../../net.py\n")
+    (tmp_path / "hf-bertcls").mkdir()
+    (tmp_path / "hf-bertcls" / "config.json").write_text('{"architectures": ["BertForSequenceClassification"]}')
+    cases = {("inspect", "runs/m"): "runs/m is the output folder of mpt tune (it holds plan.yaml), not a model "
+                                    "file; inspect the model under its plan with: mpt inspect net.py --plan runs/m",
+             ("tune", "hf-bertcls"): "hf-bertcls holds config.json; for a folder saved with save_pretrained pass "
+                                     "hf:hf-bertcls",
+             ("tune", "hf:hf-bertcls/config.json"): "not a file in it: pass the folder: hf:hf-bertcls",
+             ("inspect", "hf:hf-bertcls/config.json"): "pass the folder: hf:hf-bertcls"}
+    for (command, model), said in cases.items():
+        err = assert_error(mpt(runner, command, model, *(["--out", "o"] if command == "tune" else [])),
+                           exitcodes.USAGE, said)
+        assert len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
+
+
 def test_model_file_not_python(runner, tmp_path):
     txt = tmp_path / "model.txt"
     txt.write_text("build_model = 1\n")
@@ -559,3 +581,16 @@ def test_out_of_memory_is_one_message_and_exit_2_wherever_it_hits(runner, tmp_pa
             return Big()
         """))
     assert_error(mpt(runner, "inspect", fwd), exitcodes.USAGE, "out of memory while running ", "free memory")
+
+
+@pytest.mark.parametrize(("args", "fragments"), [
+    (["tune", "m.py", "--dtype", "fp8"], ["'--dtype'", "'fp8'", "bf16", "see mpt tune --help"]),
+    (["tune", "m.py", "--max-evals", "abc"], ["'--max-evals'", "see mpt tune --help"]),
+    (["--bogus"], ["'--bogus'", "see mpt --help"]),
+    (["nosuch"], ["'nosuch'", "see mpt --help"])])
+def test_click_usage_errors_are_one_mpt_error_line(runner, args, fragments):
+    """A bad choice or an unknown option reads like every other error: one line, exit 2, no usage block."""
+    res = mpt(runner, *args)
+    err = assert_error(res, exitcodes.USAGE, *fragments)
+    assert err.count("\n") == 1 and "Usage:" not in res.output and "Error:" not in res.output
+    assert "Usage:" in mpt(runner).output  # `mpt` alone still shows the help

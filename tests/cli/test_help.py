@@ -79,3 +79,10 @@ def test_train_script_is_deterministic_and_never_overwrites_unasked(tmp_path):
     name = "digits_sensor.safetensors"
     assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()  # byte for byte
     assert {p: p.read_bytes() for p in shipped} == shipped  # the tracked weights are untouched
+
+
+def test_top_level_help_names_the_hf_folder_and_the_built_in_metrics():
+    shown = CliRunner().invoke(main, ["--help"])
+    assert shown.exit_code == 0 and "hf:DIR" in shown.output and "--metric" in shown.output
+    tune = CliRunner().invoke(main, ["tune", "--help"])
+    assert 'tuner.load("hf:DIR", "mpt-out")' in tune.output

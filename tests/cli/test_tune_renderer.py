@@ -42,3 +42,27 @@ def test_quiet_prints_nothing(capsys):
     render = _Renderer(quiet=True)
     render(TuneEvent(EventKind.BASELINE, BaselineMeasured(1.0, 0.0, 0.99, False)))
     assert capsys.readouterr().out == ""
+
+
+def test_a_long_trial_line_on_a_120_column_terminal_folds_its_label_between_words():
+    """On a terminal a trial's label wraps inside its own column: each line fits 120 columns, every next line
+    starts under the label's first, and no word is cut (the label's words come back whole, in order)."""
+    import io
+
+    from rich.console import Console
+
+    from tuner.measure.shares import Shares
+    from tuner.search.results import Trial
+
+    label = ("+6 FP32: 0.auto_model.encoder.layer.*.attention.self:linear#0 ×3, "
+             "0.auto_model.encoder.layer.*.intermediate.intermediate_act_fn:gelu#0 ×3; 6 FP32 (8 tried, "
+             "2 change nothing)")
+    render = _Renderer(quiet=False)
+    buf = io.StringIO()
+    render.tty, render.out = True, Console(file=buf, width=120, force_terminal=True, color_system=None)
+    render.trial(Trial(4, label, (), 0.981234, False, 12.5, Shares(100, 40, 1000, 870)))
+    lines = buf.getvalue().splitlines()
+    assert len(lines) > 1 and all(len(line) <= 120 for line in lines), lines
+    column = lines[0].index("+6 FP32:")
+    assert lines[0].startswith("eval   4  FAIL") and all(line[:column].isspace() for line in lines[1:]), lines
+    assert [w for line in lines for w in line[column:].split()] == label.split()

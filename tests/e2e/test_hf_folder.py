@@ -11,6 +11,8 @@ from safetensors.torch import save_file
 
 from mpt_cli import exitcodes
 from tuner import attached as tuner_attached
+from tuner import load as tuner_load
+from tuner.core.errors import ConfigError
 from tests.cli.test_bad_input import assert_error, mpt
 
 transformers = pytest.importorskip("transformers")
@@ -107,3 +109,90 @@ def test_bad_data_files_are_exit_2_naming_the_file_before_out_is_claimed(runner,
         err = assert_error(res, exitcodes.USAGE, "mpt: error: --data: ", fragment)
         assert len(err.strip().splitlines()) == 1, err
         assert not out.exists(), name
+
+
+class _Transformer(torch.nn.Module):
+    """sentence-transformers' Transformer module: the folder's HF model as `.model`, its forward taking one dict."""
+
+    def __init__(self, folder):
+        super().__init__()
+        self.model = transformers.AutoModel.from_pretrained(str(folder))
+
+    def forward(self, features):
+        hidden = self.model(input_ids=features["input_ids"], attention_mask=features["attention_mask"])
+        return {**features, "token_embeddings": hidden.last_hidden_state}
+
+
+class _MeanPooling(torch.nn.Module):
+    def forward(self, features):
+        mask = features["attention_mask"].unsqueeze(-1).to(features["token_embeddings"].dtype)
+        return {**features, "sentence_embedding": (features["token_embeddings"] * mask).sum(1) / mask.sum(1)}
+
+
+class _SentenceTransformer(torch.nn.Sequential):
+    """The module tree sentence-transformers (not installed in CI) builds from a modules.json folder, with
+    the same names (`0.model.embeddings...`): what `mpt tune hf:DIR` tunes, wrapped, when the package is there."""
+
+    def __init__(self, folder, device="cpu", local_files_only=True):
+        super().__init__(_Transformer(folder), _MeanPooling())
+
+
+def _sentence_folder(root):
+    """A sentence-transformers folder as its `save` writes one: the transformer at the top, then modules.json."""
+    folder = root / "st"
+    transformers.BertModel(_config()).save_pretrained(folder)
+    (folder / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text('{"word_embedding_dimension": 32}')
+    return folder
+
+
+def _snippet(out):
+    scope: dict = {}
+    exec((out / "report.md").read_text().split("```python\n")[1].split("```")[0], scope)
+    return scope["model"]
+
+
+def test_a_sentence_transformers_run_loads_by_its_folder_and_into_the_users_own_objects(runner, saved, tmp_path,
+                                                                                      monkeypatch):
+    folder, out = _sentence_folder(tmp_path), tmp_path / "out"
+    monkeypatch.setitem(sys.modules, "sentence_transformers",
+                        type(sys)("sentence_transformers", "stand-in"))
+    sys.modules["sentence_transformers"].SentenceTransformer = _SentenceTransformer
+    res = mpt(runner, "tune", f"hf:{folder}", "--data", saved / "data.safetensors", "--out", out, "-q",
+              "--no-latency", "--tolerance", "1e-9", "--max-evals", "5")
+    assert res.exit_code in (0, 3), res.output
+    plan = yaml.safe_load((out / "plan.yaml").read_text())
+    assert all(i["module"].startswith("model.0.model.") for i in plan["fp32_instances"]) and plan["fp32_instances"]
+    batch = {"input_ids": torch.randint(1, 200, (3, 8)), "attention_mask": torch.ones(3, 8, dtype=torch.long)}
+    model = _snippet(out)  # report.md's line: tuner.load("hf:DIR", OUT) gives the SentenceTransformer
+    assert isinstance(model, _SentenceTransformer) and tuner_attached(model) is not None
+    islands = {i["module"][len("model."):] for i in plan["fp32_instances"]}
+    assert islands <= set(tuner_attached(model).fp32_islands)  # the plan's FP32 ops, on the user's names
+    expected = model(batch)
+    own = tuner_load(_SentenceTransformer(folder), out)
+    assert torch.equal(own(batch)["sentence_embedding"], expected["sentence_embedding"])
+    encoder = tuner_load(transformers.AutoModel.from_pretrained(str(folder)), out)  # PlanMismatchError before
+    assert torch.equal(encoder(**batch).last_hidden_state, expected["token_embeddings"])
+    monkeypatch.setitem(sys.modules, "sentence_transformers", None)  # loaded where the package is not installed
+    bare = tuner_load(f"hf:{folder}", out)
+    assert isinstance(bare, transformers.BertModel)
+    assert torch.equal(bare(**batch).last_hidden_state, expected["token_embeddings"])
+
+
+def test_an_hf_run_loads_back_by_its_folder_as_report_md_prints_it_and_is_titled_by_it(runner, saved, tmp_path):
+    out = tmp_path / "out"
+    res = mpt(runner, "tune", f"hf:{saved / 'mlm'}", "--data", saved / "data.safetensors", "--out", out, "-q",
+              "--no-latency", "--max-evals", "2")
+    assert res.exit_code in (0, 3), res.output
+    report = (out / "report.md").read_text()
+    assert f'tuner.load("hf:{saved / "mlm"}", "{out}")' in report
+    title = f"mpt tune: <code>hf:{saved.name}/mlm</code> in bf16"  # the folder and its parent, not `model`
+    assert report.startswith(f"### mpt tune: `hf:{saved.name}/mlm` in bf16")
+    assert title in (out / "search.html").read_text()
+    model = _snippet(out)
+    assert isinstance(model, transformers.BertForMaskedLM) and tuner_attached(model) is not None
+    with pytest.raises(ConfigError, match="hf:DIR"):
+        tuner_load(str(saved / "mlm"), out)  # a folder without hf: is refused, naming the form that works

@@ -229,3 +229,14 @@ def test_check_takes_the_model_file_from_flag_or_key(runner, tmp_path, model):
     cfg.write_text("version: 1\nmodel: model.py\nout: run\n")
     res = runner.invoke(main, ["check", "--config", str(cfg)])
     assert res.exit_code == 0, res.output
+
+
+@pytest.mark.parametrize(("arch", "metric"), [
+    ("GPT2LMHeadModel", "agreement"), ("XLMWithLMHeadModel", "agreement"), ("LlamaForCausalLM", "agreement"),
+    ("BertForSequenceClassification", "agreement"), ("T5ForConditionalGeneration", "agreement"),
+    ("BertModel", "cosine"), ("BertForQuestionAnswering", "cosine"), ("DPTForDepthEstimation", "cosine")])
+def test_an_hf_folders_default_metric_follows_what_its_class_outputs(tmp_path, arch, metric):
+    """Logits over a vocabulary or classes get agreement, whatever the class is called (no "For" in GPT-2's
+    LM head); embeddings, spans and regressions get cosine."""
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch]}))
+    assert TuneCommandOptions(model=f"hf:{tmp_path}").metric == metric

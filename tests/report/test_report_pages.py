@@ -1,5 +1,6 @@
 """search.html and report.md open with the run's facts and say why each FP32 instance is needed; the plot's
 trial numbers never overlap."""
+import html
 import itertools
 import re
 from pathlib import Path
@@ -33,10 +34,10 @@ def test_search_page_states_model_date_time_and_why_each_fp32_instance(run):
     failed = {t.n for t in run.result.trials if not t.passed}
     for label in fp32:
         row = re.search(rf"<tr><td><code>{re.escape(label)}</code></td><td>trial (\d+) failed with it in bf16.*?"
-                        r'<td class="num">([\d.e-]+)</td><td class="num">([\d.]+)%</td>', page)
+                        r'<td class="num">([\d.e+-]+)%</td><td class="num">([\d.]+)%</td>', page)
         assert row, label
         assert int(row.group(1)) in failed  # the evidence is a trial that failed with it lowered
-        assert float(row.group(2)) == pytest.approx(run.result.scores[label], rel=1e-2)
+        assert float(row.group(2)) == pytest.approx(100 * run.result.scores[label], rel=1e-2)
         assert float(row.group(3)) == pytest.approx(100 * run.result.flop_shares[label], abs=0.06)
 
 
@@ -98,3 +99,123 @@ def test_search_page_labels_cover_no_dot_and_no_other_label(run):
     dots = [marker_box(float(cx), float(cy)) for cx, cy in centres]
     assert len(dots) >= run.result.evals and placed
     _assert_apart(placed, dots)
+
+
+def test_report_md_load_snippet_runs_as_printed(run, monkeypatch):
+    """report.md's snippet imports the model file's build_model itself: pasted as it is, it loads the tuned model."""
+    import sys
+
+    import tuner
+
+    snippet = (run.out / "report.md").read_text().split("```python\n")[1].split("```")[0]
+    assert "from planted_model import build_model" in snippet
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "planted_model", raising=False)
+    scope: dict = {}
+    try:
+        exec(snippet, scope)
+        evaluate = sys.modules["planted_model"].evaluate
+    finally:
+        sys.modules.pop("planted_model", None)
+    assert tuner.attached(scope["model"]) is not None
+    assert evaluate(scope["model"]) == run.result.metric  # the tuned model, as the tune measured it
+
+
+@pytest.fixture(scope="module")
+def kept(tmp_path_factory):
+    """A tune of three planted culprits: the search keeps the three FP32 after the all-low trial fails, and
+    lowers one of them alone once, so only that one has a trial of its own."""
+    out = tmp_path_factory.mktemp("kept") / "out"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MPT_TEST_FRAGILE", "3")
+        model = load_user_model(PLANTED)
+    return tune_into_folder(model, TuneOptions(tolerance=0.002), out, latency=False)
+
+
+def test_why_fp32_rows_name_the_trial_that_isolated_the_op_or_say_it_had_none(kept):
+    """A row blames a trial only when that trial lowered nothing else of the plan; an op kept FP32 with the
+    others when the all-low trial failed says it had no trial of its own (not 'trial 2 failed with it')."""
+    result = kept.result
+    plan = {i.label() for i in result.plan.fp32_instances}
+    trials = {t.n: t for t in result.trials}
+    text = (kept.out / "report.md").read_text()
+    rows = dict(re.findall(r"^\| `(.+?)` \| (.+?) \|", text, re.M))
+    assert set(rows) == plan and len(plan) == 3
+    own = [label for label, why in rows.items() if why.endswith("(only change from the plan)")]
+    for label in own:
+        n = int(re.match(r"trial (\d+) failed with it in bf16", rows[label]).group(1))
+        assert not trials[n].passed and set(trials[n].fp32) == plan - {label}
+    none = [label for label in plan if label not in own]
+    assert none, rows  # the search kept some without a trial of their own
+    all_low = next(t.n for t in result.trials if not t.baseline and not t.fp32)
+    for label in none:
+        assert rows[label] == (f"kept FP32 with 2 other instances when trial {all_low} failed with all 3 in bf16 "
+                               "(every candidate lowered); no trial of its own")
+    page = (kept.out / "search.html").read_text()
+    assert page.count("no trial of its own") == len(none)
+
+
+def test_a_module_tried_as_one_unit_is_proved_by_the_trial_that_lowered_that_module_alone():
+    """The search tries a module's ops together: a failed trial lowering exactly `attn`'s two instances
+    proves both, and an op it never isolated says so."""
+    from tuner.measure.shares import Shares
+    from tuner.policy.plan import OpInstance, Plan
+    from tuner.report.reasons import fp32_reasons
+    from tuner.search.results import Trial, TuneResult, TuneStatus
+
+    inst = (OpInstance("attn", "linear", 0), OpInstance("attn", "linear", 1), OpInstance("mlp", "linear", 0))
+    labels = tuple(i.label() for i in inst)
+
+    def trial(n: int, fp32: tuple[str, ...], passed: bool) -> Trial:
+        return Trial(n, "", fp32, 1.0, passed, 0.1, Shares())
+
+    trials = [trial(1, (), False), trial(2, labels, True), trial(3, labels[2:], False)]
+    result = TuneResult(Plan(fp32_instances=inst), TuneStatus.MET, 1.0, 0.9, 1.0, trials, 3, None, list(inst), {},
+                        chosen=2)
+    why = {r.label: (r.proved, r.text("bf16")) for r in fp32_reasons(result, trials)}
+    assert why["attn:linear#0"] == why["attn:linear#1"] == (True, (
+        "trial 3 failed with its module's 2 instances in bf16 (only change from the plan; a module's ops are "
+        "tried together)"))
+    assert why["mlp:linear#0"] == (False, "kept FP32 with 2 other instances when trial 1 failed with all 3 in bf16 "
+                                          "(every candidate lowered); no trial of its own")
+
+
+def test_search_page_has_an_error_column_only_when_a_trial_raised(kept, tmp_path):
+    """No empty `error` column in a run whose evaluate never raised; where a trial's evaluate raised, the
+    column holds that trial's error (and only that trial's)."""
+    from tests.cli.test_bad_input import model_file
+
+    quiet = (kept.out / "search.html").read_text()
+    assert "error</th>" not in quiet and "</td><td></td></tr>" not in quiet
+    path = model_file(tmp_path, {"evaluate": """
+        def evaluate(model):
+            with torch.no_grad():
+                out = model(torch.ones(3, 4))
+            if out.dtype != torch.float32:
+                raise ValueError(f"expected float32 logits, got {out.dtype}")
+            return 1.0
+        """})
+    run = tune_into_folder(load_user_model(str(path)), TuneOptions(), tmp_path / "out", latency=False)
+    page = (run.out / "search.html").read_text()
+    assert "<th>evaluate error</th>" in page
+    raised = [t for t in run.result.trials if t.error]
+    assert raised and all("expected float32 logits, got torch.bfloat16" in t.error for t in raised)
+    for t in run.result.trials:
+        row = re.search(rf"<tr(?: class=\"chosen\")?><td>{t.n}</td>.*?</tr>", page).group(0)
+        assert row.endswith(f"<td>{html.escape(t.error)}</td></tr>" if t.error else "<td></td></tr>"), row
+
+
+def test_the_score_column_says_what_it_measures_in_which_unit(kept):
+    """Not a bare `score`: the column is the output error with that op alone in bf16, in percent, and a line
+    under the table says how it is measured."""
+    md = (kept.out / "report.md").read_text()
+    page = (kept.out / "search.html").read_text()
+    assert "| op instance | why FP32 | output error, alone in bf16 | FLOP share |" in md
+    assert "<th>output error, alone in bf16</th>" in page and "<th>score</th>" not in page
+    for text in (md, html.unescape(page)):
+        assert "output error, alone in bf16: the ranking's score" in text
+        assert "(‖Δoutput‖ / ‖output‖, in percent)" in text
+    for label, score in kept.result.scores.items():
+        if any(i.label() == label for i in kept.result.plan.fp32_instances):
+            shown = re.search(rf"^\| `{re.escape(label)}` \| .+? \| ([\d.e+-]+)% \| ", md, re.M).group(1)
+            assert float(shown) == pytest.approx(100 * score, rel=1e-2)

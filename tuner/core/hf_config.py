@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from tuner.core.errors import ConfigError
 
-__all__ = ["HF_PREFIX", "is_hf_spec", "hf_folder", "hf_files", "architecture", "default_metric_name"]
+__all__ = ["HF_PREFIX", "is_hf_spec", "hf_folder", "hf_files", "architecture", "outputs_scores",
+           "default_metric_name"]
 
 HF_PREFIX = "hf:"
 
@@ -20,6 +22,9 @@ def hf_folder(spec: str) -> Path:
     """The folder of `hf:PATH`; ConfigError (exit 2) when it is not a saved model folder."""
     text = spec[len(HF_PREFIX):]
     folder = Path(text).expanduser()
+    if folder.is_file() and (folder.parent / "config.json").is_file():
+        raise ConfigError(f"hf:PATH takes the folder saved with save_pretrained, not a file in it: pass the "
+                          f"folder: {HF_PREFIX}{Path(text).parent}")
     if not folder.is_dir():
         raise ConfigError(f"model folder not found: {text} (hf:PATH takes a local folder saved with "
                           "save_pretrained)")
@@ -42,10 +47,24 @@ def architecture(folder: Path) -> str | None:
     return next((n for n in names if isinstance(n, str)), None) if isinstance(names, list) else None
 
 
+# Classes whose `logits` are scores over a vocabulary or over classes, by transformers' naming: the task heads
+# `...ForCausalLM`, `...ForMaskedLM`, `...ForConditionalGeneration`, `...ForSequenceClassification`, ... and the
+# older LM heads without "For" (`GPT2LMHeadModel`, `XLMWithLMHeadModel`, `GPT2DoubleHeadsModel`). Heads whose
+# output is no such score (`...ForQuestionAnswering` spans, `...ForDepthEstimation`, segmentation maps) are not.
+_SCORES = re.compile(r"(For\w*(LM|Classification|Generation|MultipleChoice|PreTraining|NextSentencePrediction|CTC)"
+                     r"|LMHeadModel|WithLMHead|DoubleHeadsModel)$")
+
+
+def outputs_scores(arch: str) -> bool:
+    """Whether class `arch`'s output is logits over a vocabulary or classes (what agreement compares)."""
+    return bool(_SCORES.search(arch))
+
+
 def default_metric_name(spec: str) -> str:
-    """agreement for a model with a head (`...ForMaskedLM`, `...ForSequenceClassification`), cosine for an
-    encoder (`BertModel`) or a sentence-transformers folder."""
+    """agreement for a model whose output is logits over a vocabulary or classes (`BertForMaskedLM`,
+    `GPT2LMHeadModel`, `...ForSequenceClassification`), where the top answer is what the user sees; cosine for
+    any other output: an encoder (`BertModel`), a sentence-transformers folder, a regression or span head."""
     folder = hf_folder(spec)
     arch = architecture(folder) or ""
-    head = "For" in arch and not (folder / "modules.json").is_file()
-    return "agreement" if head else "cosine"
+    scores = outputs_scores(arch) and not (folder / "modules.json").is_file()
+    return "agreement" if scores else "cosine"

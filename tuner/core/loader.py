@@ -30,9 +30,11 @@ import torch
 from tuner.core.calibration import Calibration
 from tuner.core.errors import ConfigError, UserCodeError
 from tuner.core.hf import build_hf_model, offline_transformers
-from tuner.core.hf_config import hf_files, hf_folder
+from tuner.core.hf_config import HF_PREFIX, hf_files, hf_folder
 from tuner.core.inputs import ModelInputs
 from tuner.core.memory import is_out_of_memory, out_of_memory
+from tuner.core.output_files import PLAN_NAME
+from tuner.core.yamlio import load_yaml_file
 
 __all__ = ["UserModel", "load_user_model", "call_user", "call_forward", "imported_user_files", "DEFAULT_BUILD",
            "DEFAULT_EVAL", "DEFAULT_INPUTS", "DEFAULT_CALIBRATION"]
@@ -349,7 +351,7 @@ def _check_file(path_text: str, label: str, *, base: Path | None = None) -> Path
     if not path.exists():
         raise ConfigError(f"{label} not found: {path_text}")
     if path.is_dir():
-        raise ConfigError(f"{label} is a directory, expected a .py file: {path_text}")
+        raise ConfigError(_folder_given(path, path_text, label))
     if path.suffix != ".py":
         raise ConfigError(f"{label} must be a Python .py file: {path_text}")
     path = path.resolve()
@@ -360,6 +362,33 @@ def _check_file(path_text: str, label: str, *, base: Path | None = None) -> Path
     if b"\x00" in head:
         raise ConfigError(f"{label} is not Python source (it contains NUL bytes): {path_text}")
     return path
+
+
+def _folder_given(path: Path, path_text: str, label: str) -> str:
+    """What to say for a folder given as a model file: the fix, where the folder tells it. A folder saved with
+    save_pretrained (config.json) is run as `hf:DIR`; the output folder of a tune (plan.yaml) is a plan, which
+    `mpt inspect MODEL --plan DIR` applies to the model file the plan records."""
+    if (path / "config.json").is_file():
+        return (f"{label} is a directory, expected a .py file: {path_text} holds config.json; for a folder "
+                f"saved with save_pretrained pass hf:{path_text}")
+    if (path / PLAN_NAME).is_file():
+        return (f"{path_text} is the output folder of mpt tune (it holds {PLAN_NAME}), not a model file; "
+                f"inspect the model under its plan with: mpt inspect {_recorded_model(path)} --plan {path_text}")
+    return f"{label} is a directory, expected a .py file: {path_text}"
+
+
+def _recorded_model(out: Path) -> str:
+    """The model the plan in `out` records, as a path from the working directory (`MODEL.py` when it records
+    none or cannot be read): plan.yaml names it relative to its own folder."""
+    try:
+        model = load_yaml_file(out / PLAN_NAME).get("model") or {}
+        file, build = str(model["file"]), model.get("build")
+    except (ConfigError, AttributeError, KeyError, TypeError):
+        return "MODEL.py"
+    if file.startswith(HF_PREFIX):
+        return HF_PREFIX + os.path.relpath(os.path.normpath(out / file[len(HF_PREFIX):]))
+    path = os.path.relpath(os.path.normpath(out / file))
+    return f"{path}:{build}" if isinstance(build, str) and build.isidentifier() else path
 
 
 def _import_file(path: Path) -> types.ModuleType:

@@ -2,8 +2,9 @@
 
 Precedence, decided here once for `mpt tune`, `mpt check` and `mpt inspect`: `--metric` (or a metric a
 plan records) replaces the model file's `evaluate`; without it the user's `evaluate` is the metric, and an
-`hf:` folder, which has none, gets agreement (a model with a head) or cosine (an encoder) from the
-options. The calibration batches come from, in order: `--data`, the file's `calibration_batches()`, its
+`hf:` folder, which has none, gets agreement (a class whose output is logits over a vocabulary or
+classes) or cosine (an encoder, any other output) from the options (`hf_config.default_metric_name`).
+The calibration batches come from, in order: `--data`, the file's `calibration_batches()`, its
 `example_inputs()` (a list of batches, or one batch).
 """
 from __future__ import annotations

@@ -28,7 +28,7 @@ from tuner.report.outcome import TuneReport
 from tuner.report.sharded import save_shards
 from tuner.report.writer import withdraw_plan, write_outputs
 from tuner.search.distributed import Ranks, SharedJournal
-from tuner.search.results import StopReason, TuneEvent, TuneResult, TuneStatus
+from tuner.search.results import EventKind, RunWarning, StopReason, TuneEvent, TuneResult, TuneStatus
 from tuner.search.session import TuneSession
 from tuner.workspace.folder import OutputFolder
 from tuner.workspace.journal import Journal, RunFingerprint
@@ -96,9 +96,11 @@ def tune_into_folder(user: UserModel, options: TuneOptions, out: str | Path, *, 
         session = TuneSession(user.build, user.evaluate, inputs, options, journal=journal, on_event=on_event,
                               started=started, keeper=keeper, ranks=ranks)
         session.user_seconds += build_seconds
+        if speed_warning and on_event is not None and ranks.is_main:  # before the search, not after it
+            on_event(TuneEvent(EventKind.WARNING, RunWarning(speed_warning)))
         result = session.run()
         if speed_warning:
-            result.warnings.append(speed_warning)
+            result.warnings.append(speed_warning)  # report.md and report.json record it too
         if result.stopped is StopReason.INTERRUPTED and ranks.distributed:
             raise Interrupted()  # the other ranks may be anywhere: stop them all (journal kept)
         if sharding.sharded and not (result.stopped is StopReason.INTERRUPTED and result.status is not TuneStatus.MET):

@@ -145,7 +145,9 @@ class MetricSum:
         elif self.metric is Metric.KL:
             logp = torch.log_softmax(rows, dim=-1)
             kl = (reference.exp() * (reference - logp)).sum(dim=-1)
-            self.total += float(kl.double().sum())
+            # KL >= 0; float rounding of two nearly equal distributions gives -1e-8 at a position, which
+            # printed as a negative KL reads as a bug: each position counts as 0 then (it is 0 to that precision)
+            self.total += float(kl.double().clamp(min=0).sum())
             self.count += rows.shape[0]
         else:
             self.total += float((rows - reference).double().pow(2).sum())

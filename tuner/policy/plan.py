@@ -154,8 +154,10 @@ class ModelRef:
         if not self.structure:
             return
         if structure_digest(model) != self.structure:
+            hint = (f'; tuner.load("{self.file}", OUT) builds the model as the tune did'
+                    if self.file is not None and self.file.startswith("hf:") else "")
             raise PlanMismatchError(f"{what} was made for another model ({self.file or 'no model file'}): its "
-                                    "module tree or parameter shapes differ from this model's")
+                                    f"module tree or parameter shapes differ from this model's{hint}")
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,8 @@ from tuner.core.direct_io import read_chunks
 from tuner.core.errors import ConfigError, PlanMismatchError
 from tuner.core.fileio import atomic_write
 from tuner.core.fingerprint import sha256_file
+from tuner.core.hf import SentenceEncoder, build_hf_model
+from tuner.core.hf_config import hf_folder, is_hf_spec
 from tuner.core.inputs import ModelInputs
 from tuner.core.output_files import CHECKPOINT_NAME, PLAN_NAME, SHARDED_CHECKPOINT_NAME
 from tuner.core.safetensors_write import FORMAT_DTYPES, write_safetensors
@@ -36,6 +38,7 @@ from tuner.measure.recorded import PlanRecord, record_plan
 from tuner.measure.shares import Shares
 from tuner.policy.plan import Plan
 from tuner.report.sharded import checkpoint_digest, load_shards, load_whole
+from tuner.report.wrapped import Rename, checkpoint_shapes, find_rename
 
 
 @dataclass(frozen=True)
@@ -276,9 +279,15 @@ def _unaliased(t: Tensor, spans: dict[tuple[str, int], list[tuple[int, int]]]) -
     return t
 
 
-def load(model: nn.Module, plan: str | Path | Plan, *, engine: str | EngineKind = EngineKind.AUTO) -> nn.Module:
+def load(model: nn.Module | str, plan: str | Path | Plan, *,
+         engine: str | EngineKind = EngineKind.AUTO) -> nn.Module:
     """Load `mpt tune`'s output into a freshly built FP32 model and attach its plan.
 
+    `model` is the model as built for the tune, or `"hf:DIR"` for an `hf:` run: the folder is then loaded
+    the way `mpt tune hf:DIR` loaded it (`tuner.core.hf`; a sentence-transformers folder as the
+    SentenceTransformer, whose `encode` then runs under the plan). The model may also be the one the tuned model
+    wrapped, or one that wraps it (a sentence-transformers run loads into the user's `SentenceTransformer`
+    or `AutoModel.from_pretrained(DIR)`): the names are mapped (`tuner.report.wrapped`).
     `plan` is the output folder (its plan.yaml and model.safetensors), a plan
     .yaml file (the model.safetensors beside it is loaded when the plan records
     one: `mpt tune` writes that digest; a plan saved with `result.plan.save()`
@@ -287,13 +296,41 @@ def load(model: nn.Module, plan: str | Path | Plan, *, engine: str | EngineKind 
     PlanMismatchError when the plan was made for another model, when the
     checkpoint's sha256 differs from the one plan.yaml records, or when the
     checkpoint does not fit the model; the model is left untouched then.
-    ConfigError when `plan` is no folder, plan file or Plan.
+    ConfigError when `plan` is no folder, plan file or Plan, or `model` no module or hf: folder.
     """
     loaded, ckpt = _plan_and_checkpoint(plan)
-    check_plan_fits(loaded, model)
+    model = _model(model)
+    rename = _rename(model, ckpt)
+    if rename is not None:
+        loaded = rename.plan(loaded)
+    else:
+        check_plan_fits(loaded, model)
     if ckpt is not None:
-        _load_checkpoint(model, loaded, ckpt)
+        _load_checkpoint(model, loaded, ckpt, rename)
     return attach(model, loaded, engine=engine)
+
+
+def _model(model: nn.Module | str) -> nn.Module:
+    """The model `load` loads into: `model` itself, or the FP32 model of `hf:DIR` built as mpt tune builds it."""
+    if isinstance(model, nn.Module):
+        return model
+    if isinstance(model, str) and is_hf_spec(model):
+        built = build_hf_model(hf_folder(model))
+        # mpt's wrapper only adapts the call for the search: the user gets the SentenceTransformer (encode())
+        return built.model if isinstance(built, SentenceEncoder) else built
+    shown = repr(model) if isinstance(model, str) else type(model).__name__
+    raise ConfigError(f"tuner.load takes the model (an nn.Module) or \"hf:DIR\" (a Hugging Face folder), "
+                      f"found {shown}")
+
+
+def _rename(model: nn.Module, ckpt: Path | None) -> Rename | None:
+    """How the checkpoint's names map onto `model`'s when the tune ran a wrapper of it (or it wraps what was
+    tuned); None when they agree as they are (or nothing can be mapped: the usual checks then say why)."""
+    if ckpt is None or not ckpt.is_file() or (ckpt.parent / SHARDED_CHECKPOINT_NAME).is_dir() \
+            or Sharding.of(model).sharded:
+        return None
+    shapes = checkpoint_shapes(ckpt)
+    return None if shapes is None else find_rename(model, shapes)
 
 
 def _plan_and_checkpoint(source: str | Path | Plan) -> tuple[Plan, Path | None]:
@@ -312,12 +349,13 @@ def _plan_and_checkpoint(source: str | Path | Plan) -> tuple[Plan, Path | None]:
     return plan, path.parent / CHECKPOINT_NAME if plan.checkpoint_sha256 else None
 
 
-def _load_checkpoint(model: nn.Module, plan: Plan, ckpt: Path) -> None:
+def _load_checkpoint(model: nn.Module, plan: Plan, ckpt: Path, rename: Rename | None = None) -> None:
     """The checkpoint's weights into `model`, after checking it is the plan's and fits the model.
 
     A sharded run's folder (model.dcp/) loads into a sharded model through DCP, into an unsharded one from
     its consolidated model.safetensors when it has one, else through DCP too; an unsharded run's
-    model.safetensors loads into a sharded model slice by slice (`tuner.report.sharded`)."""
+    model.safetensors loads into a sharded model slice by slice (`tuner.report.sharded`). `rename`: the
+    checkpoint's names as the model's (`find_rename`)."""
     directory = ckpt.parent
     sharded_run = (directory / SHARDED_CHECKPOINT_NAME).is_dir()
     if not ckpt.is_file() and not sharded_run:
@@ -334,6 +372,8 @@ def _load_checkpoint(model: nn.Module, plan: Plan, ckpt: Path) -> None:
         tensors = load_file(str(ckpt))
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise PlanMismatchError(f"{ckpt} is truncated or corrupted ({str(exc).splitlines()[0]})") from None
+    if rename is not None:
+        tensors = rename.tensors(tensors)
     _check_fits(model, plan, directory, tensors)
     if Sharding.of(model).sharded:
         load_whole(model, tensors)

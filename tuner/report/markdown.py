@@ -3,12 +3,15 @@ model, the verdict in one line, a table with a real header, the FP32 instances a
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from tuner.core.hf_config import HF_PREFIX, architecture, is_hf_spec
+from tuner.core.loader import DEFAULT_BUILD
+from tuner.policy.plan import ModelRef
 from tuner.report.metric_text import fmt_metric
 from tuner.report.outcome import TuneReport
-from tuner.report.reasons import fp32_reasons, run_facts
+from tuner.report.reasons import fp32_reasons, run_facts, score_header, score_note
 from tuner.report.verdict import plan_share, run_digits
 from tuner.search.results import TuneResult, TuneStatus
 
@@ -21,7 +24,7 @@ def _cell(text: str) -> str:
 def report_markdown(result: TuneResult, report: TuneReport, out: Path) -> str:
     """The text of report.md; `out` is the output folder the load snippet names."""
     dtype = report.plan.dtype
-    facts = run_facts(result, report)
+    facts = run_facts(result, report, out)
     d = run_digits(result, report)
     met = result.status is TuneStatus.MET
     status = "✅ target met" if met else "❌ target not met"
@@ -48,16 +51,52 @@ def report_markdown(result: TuneResult, report: TuneReport, out: Path) -> str:
 
 
 def _load_snippet(report: TuneReport, out: Path) -> list[str]:
-    """Python that loads the tuned model: from its `hf:` folder with the class mpt loaded it with (its config's
-    architecture), else from the model file's build_model()."""
+    """Python that loads the tuned model, as it runs from where mpt ran: an `hf:` run by its folder (built as
+    the tune built it), with the class's own loader as the alternative; a model file's run from its
+    build function, imported from the file (a sharded run's alike, under the same launcher)."""
     ref = report.plan.model
-    if ref is not None and ref.file is not None and is_hf_spec(ref.file):
-        folder = Path(os.path.normpath(out / ref.file[len(HF_PREFIX):]))
-        arch = architecture(folder) if (folder / "config.json").is_file() else None
-        if arch and not (folder / "modules.json").is_file():
-            return ["import tuner", f"from transformers import {arch}", "",
-                    f'model = tuner.load({arch}.from_pretrained("{folder}"), "{out}")']
-    return ["import tuner", f'model = tuner.load(build_model(), "{out}")']
+    if ref is None or ref.file is None:  # a model object, or tuner.tune from a notebook: no file to import
+        return ["import tuner", "", f'model = tuner.load(build_model(), "{out}")']
+    if is_hf_spec(ref.file):
+        return _hf_snippet(Path(os.path.normpath(out / ref.file[len(HF_PREFIX):])), out)
+    build_file, name = _build_function(ref, out)
+    return ["import sys", "", "import tuner", "", *_import_lines(build_file, name), "",
+            f'model = tuner.load({name}(), "{out}")']
+
+
+def _hf_snippet(folder: Path, out: Path) -> list[str]:
+    """`tuner.load("hf:DIR", OUT)`, then the same with the object the user would build themselves."""
+    lines = ["import tuner", "", f'model = tuner.load("{HF_PREFIX}{folder}", "{out}")']
+    if (folder / "modules.json").is_file():
+        return [*lines, "# or your own object: SentenceTransformer(DIR) or AutoModel.from_pretrained(DIR):",
+                "# from sentence_transformers import SentenceTransformer",
+                f'# model = tuner.load(SentenceTransformer("{folder}"), "{out}")']
+    arch = architecture(folder) if (folder / "config.json").is_file() else None
+    if not arch:
+        return lines
+    return [*lines, "# or with the class's own loader:", f"# from transformers import {arch}",
+            f'# model = tuner.load({arch}.from_pretrained("{folder}"), "{out}")']
+
+
+def _build_function(ref: ModelRef, out: Path) -> tuple[Path, str]:
+    """The file and name of the build function the plan records: `build: NAME`, `FILE.py` or `FILE.py:NAME`
+    (files relative to the output folder), else the model file's build_model."""
+    build = ref.build or ""
+    head, sep, tail = build.rpartition(":")
+    if sep and head.lower().endswith(".py"):
+        return Path(os.path.normpath(out / head)), tail or DEFAULT_BUILD
+    if build.lower().endswith(".py"):
+        return Path(os.path.normpath(out / build)), DEFAULT_BUILD
+    return Path(os.path.normpath(out / (ref.file or ""))), build or DEFAULT_BUILD
+
+
+def _import_lines(file: Path, name: str) -> list[str]:
+    """`name` from `file` with its folder first on sys.path (as mpt tune ran it); a file whose name is no
+    module name (or a standard library one's) is run with runpy instead."""
+    if file.stem.isidentifier() and file.stem not in sys.stdlib_module_names:
+        return [f'sys.path.insert(0, "{file.parent}")', f"from {file.stem} import {name}"]
+    return [f'sys.path.insert(0, "{file.parent}")', "import runpy",
+            f'{name} = runpy.run_path("{file}")["{name}"]']
 
 
 def _details(result: TuneResult, report: TuneReport) -> list[str]:
@@ -67,9 +106,9 @@ def _details(result: TuneResult, report: TuneReport) -> list[str]:
     reasons = fp32_reasons(result, report.trials)
     if reasons:
         lines += ["<details><summary>FP32 op instances and why</summary>", "",
-                  "| op instance | why FP32 | score | FLOP share |", "|---|---|---|---|"]
+                  f"| op instance | why FP32 | {score_header(dtype)} | FLOP share |", "|---|---|---|---|"]
         lines += [f"| `{r.label}` | {_cell(r.text(dtype))} | {r.score_text()} | {r.flop_text()} |" for r in reasons]
-        lines += ["", "</details>", ""]
+        lines += ["", score_note(dtype), "", "</details>", ""]
     d = run_digits(result, report)
     lines += ["<details><summary>Trials</summary>", "", f"| # | what changed | metric | result | in {dtype} |",
               "|---|---|---|---|---|"]

@@ -3,11 +3,12 @@ of trials, in one self-contained page."""
 from __future__ import annotations
 
 import html
+from pathlib import Path
 
 from tuner.report.metric_text import fmt_metric
 from tuner.report.outcome import TuneReport
 from tuner.report.plot import svg_plot
-from tuner.report.reasons import Fp32Reason, fp32_reasons, run_facts
+from tuner.report.reasons import Fp32Reason, fp32_reasons, run_facts, score_header, score_note
 from tuner.report.verdict import plan_share, run_digits, verdict
 from tuner.search.results import Trial, TuneResult
 
@@ -18,13 +19,14 @@ dl.facts dd{margin:0}td.num{text-align:right;font-variant-numeric:tabular-nums}c
 p.met{color:#1a7f37}p.missed{color:#c00}"""
 
 
-def search_page(result: TuneResult, report: TuneReport) -> str:
-    """The text of search.html."""
+def search_page(result: TuneResult, report: TuneReport, out: Path | None = None) -> str:
+    """The text of search.html; `out`: the output folder (where the plan's paths start)."""
     dtype = html.escape(report.plan.dtype)
     d = run_digits(result, report)
-    facts = run_facts(result, report)
+    facts = run_facts(result, report, out)
     said = verdict(result, report)
-    rows = "\n".join(_row(t, t.n == result.chosen, d) for t in report.trials)
+    errors = any(t.error for t in report.trials)  # the column only where a trial's evaluate raised
+    rows = "\n".join(_row(t, t.n == result.chosen, d, errors) for t in report.trials)
     latency = html.escape(report.latency.text() + _latency_spread(report)) if report.latency else "not timed"
     items = [("model", f"<code>{html.escape(facts.model)}</code>"), ("date", html.escape(facts.created)),
              ("total time", facts.time_text()), ("evaluations", f"{facts.evaluations}" +
@@ -50,7 +52,7 @@ joins the best plans that met the target.</p>
 <h2>Trials</h2><p>Each trial says what it changed from the trial before it (<code>+N FP32</code>: kept in FP32,
 <code>-N</code>: back in {dtype}; <code>*</code> stands for indices) and how many instances its plan keeps in FP32.</p>
 <table><tr><th>#</th><th>what changed</th><th>metric</th><th>result</th><th>lower-precision share</th>
-<th>seconds</th><th>error</th></tr>
+<th>seconds</th>{'<th>evaluate error</th>' if errors else ''}</tr>
 {rows}</table></body></html>"""
 
 
@@ -66,19 +68,24 @@ def _fp32_section(result: TuneResult, report: TuneReport) -> str:
     n, total = len(report.plan.fp32_instances), len(result.candidates)
     if not n:
         return f"<h2>FP32 op instances</h2><p>None: all {total} candidates run in {html.escape(report.plan.dtype)}.</p>"
-    rows = "\n".join(_reason_row(r, report.plan.dtype) for r in fp32_reasons(result, report.trials))
+    dtype = report.plan.dtype
+    rows = "\n".join(_reason_row(r, dtype) for r in fp32_reasons(result, report.trials))
     return (f"<h2>FP32 op instances ({n} of {total})</h2>\n<table><tr><th>op instance</th><th>why FP32</th>"
-            f"<th>score</th><th>FLOP share</th></tr>\n{rows}</table>")
+            f"<th>{html.escape(score_header(dtype))}</th><th>FLOP share</th></tr>\n{rows}</table>\n"
+            f"<p>{html.escape(score_note(dtype))}</p>")
 
 
 def _reason_row(r: Fp32Reason, dtype: str) -> str:
     return (f"<tr><td><code>{html.escape(r.label)}</code></td><td>{html.escape(r.text(dtype))}</td>"
-            f'<td class="num">{r.score_text()}</td><td class="num">{html.escape(r.flop_text())}</td></tr>')
+            f'<td class="num">{html.escape(r.score_text())}</td><td class="num">{html.escape(r.flop_text())}</td>'
+            "</tr>")
 
 
-def _row(t: Trial, chosen: bool, digits: int) -> str:
+def _row(t: Trial, chosen: bool, digits: int, errors: bool) -> str:
+    """One trial; `errors`: with the error its evaluate raised (or its metric's, not finite), when any did."""
     outcome = "baseline" if t.baseline else "pass" if t.passed else "fail"
     mark = ' class="chosen"' if chosen else ""
     return (f"<tr{mark}><td>{t.n}</td><td>{html.escape(t.label)}{' <b>(chosen)</b>' if mark else ''}</td>"
             f'<td class="num">{fmt_metric(t.metric, digits)}</td><td>{outcome}</td><td>{t.shares.short()}</td>'
-            f'<td class="num">{t.seconds:.2f}</td><td>{html.escape(t.error or "")}</td></tr>')
+            f'<td class="num">{t.seconds:.2f}</td>' + (f"<td>{html.escape(t.error or '')}</td>" if errors else "")
+            + "</tr>")

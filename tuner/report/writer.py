@@ -136,7 +136,7 @@ def _write_staged(result: TuneResult, report: TuneReport, stage: Path, out: Path
         report = _write_checkpoint(result, report, stage, out, model=model, t0=t0, hold=hold)
     with _writing(out, PLAN_NAME):
         report.plan.save(stage / PLAN_NAME, header=plan_header(result))
-    renderers = ((REPORT_JSON_NAME, report_json), (SEARCH_PAGE_NAME, search_page),
+    renderers = ((REPORT_JSON_NAME, report_json), (SEARCH_PAGE_NAME, lambda r, rep: search_page(r, rep, out)),
                  (REPORT_MD_NAME, lambda r, rep: report_markdown(r, rep, out)))
     for name, render in renderers:
         with _writing(out, name):

@@ -44,6 +44,7 @@ class EventKind(str, enum.Enum):
     RANK = "rank"
     EVALUATING = "evaluating"  # a full evaluation starts
     TRIAL = "trial"
+    WARNING = "warning"  # something the user should know while it runs (fp16 on a CPU without fp16 kernels)
     DONE = "done"
 
 
@@ -120,12 +121,25 @@ class Evaluating:
     label: str
 
 
-EventPayload = BaselineMeasured | CandidatesFound | RankProgress | Evaluating | Trial | None
+@dataclass(frozen=True)
+class RunWarning:
+    """A warning about the run as a whole, sent as soon as it is known so the user can stop a run that will be
+    slow; a renderer decides when to show it (the CLI: before the first trial's line, once evaluate has run)."""
+
+    text: str
+
+    def __post_init__(self) -> None:
+        if not self.text.strip():
+            raise ValueError("a warning needs a text")
+
+
+EventPayload = BaselineMeasured | CandidatesFound | RankProgress | Evaluating | Trial | RunWarning | None
 
 # what each kind of event carries (DONE: nothing)
 _PAYLOADS: dict[EventKind, type] = {EventKind.BASELINE: BaselineMeasured, EventKind.CANDIDATES: CandidatesFound,
                                     EventKind.RANK: RankProgress, EventKind.EVALUATING: Evaluating,
-                                    EventKind.TRIAL: Trial, EventKind.DONE: type(None)}
+                                    EventKind.TRIAL: Trial, EventKind.WARNING: RunWarning,
+                                    EventKind.DONE: type(None)}
 
 
 @dataclass(frozen=True)

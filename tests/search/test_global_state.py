@@ -94,3 +94,42 @@ def test_a_tune_inside_torch_autocast_is_refused(clean_state):
         with pytest.raises(ConfigError, match=r"inside an active torch.autocast\(cpu\)"):
             tune(build, evaluate, (X,), TuneOptions(dtype="bf16"))
     assert calls == []
+
+
+def test_global_module_hooks_an_evaluate_leaves_are_removed_and_those_build_registers_are_kept(clean_state):
+    """An evaluate that registers a global forward hook per call (one that casts every module's output) runs
+    with its own hook each time, mpt's own forwards with none: no internal error, and a warning says so. A hook
+    build_model() registers is the model's and stays for every evaluation."""
+    calls = []
+
+    def evaluate(model: nn.Module) -> float:
+        calls.append(len(torch.nn.modules.module._global_forward_hooks))
+        torch.nn.modules.module.register_module_forward_hook(
+            lambda m, i, o: o.to(torch.bfloat16).float() if isinstance(o, torch.Tensor) else None)
+        with torch.no_grad():
+            return float(torch.nn.functional.cosine_similarity(model(X).flatten(), REF.flatten(), dim=0))
+
+    result = tune(build, evaluate, (X,), TuneOptions(dtype="bf16", tolerance=1e-6, max_evals=5))
+    assert result.evals >= 3 and calls == [0] * len(calls)  # every evaluate starts with no hook left over
+    assert any("global forward hook(s) added" in w for w in result.warnings)
+    assert TorchState.capture() == clean_state
+
+    marks = []
+
+    def build_hooked() -> nn.Module:
+        torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: marks.append(1))
+        return build()
+
+    def count(model: nn.Module) -> float:
+        before = len(marks)
+        with torch.no_grad():
+            model(X)
+        return float(len(marks) > before)  # 1.0 only while the model's own hook runs
+
+    handles = dict(torch.nn.modules.module._global_forward_hooks)
+    try:
+        kept = tune(build_hooked, count, (X,), TuneOptions(dtype="bf16", max_evals=3))
+        assert kept.baseline == 1.0 and all(t.metric == 1.0 for t in kept.trials)
+    finally:
+        torch.nn.modules.module._global_forward_hooks.clear()
+        torch.nn.modules.module._global_forward_hooks.update(handles)

@@ -33,6 +33,45 @@ def autocast_nesting() -> int:
     return level
 
 
+# torch.nn's process-wide module hooks (`register_module_forward_hook` and its kin): one registry each.
+_HOOK_REGISTRIES = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_forward_hooks_with_kwargs",
+                    "_global_forward_hooks_always_called", "_global_backward_pre_hooks", "_global_backward_hooks",
+                    "_global_module_registration_hooks", "_global_parameter_registration_hooks",
+                    "_global_buffer_registration_hooks")
+
+Hooks = tuple[tuple[str, tuple[tuple[int, object], ...]], ...]
+
+
+def _global_hooks() -> Hooks:
+    """Every global module hook registry's (handle id, hook) items, mpt's own left out (its module tracker and
+    RNN-input hooks come and go with its engine)."""
+    from torch.nn.modules import module
+
+    found = []
+    for name in _HOOK_REGISTRIES:
+        registry = getattr(module, name, None)
+        if isinstance(registry, dict):
+            found.append((name, tuple((k, v) for k, v in registry.items() if not _is_mpts(v))))
+    return tuple(found)
+
+
+def _is_mpts(hook: object) -> bool:
+    owner = getattr(hook, "__module__", None) or getattr(getattr(hook, "__func__", None), "__module__", "")
+    return isinstance(owner, str) and owner.startswith("tuner.")
+
+
+def _restore_hooks(hooks: Hooks) -> None:
+    """Each registry as `hooks` had it (mpt's own hooks kept as they are now)."""
+    from torch.nn.modules import module
+
+    for name, items in hooks:
+        registry = getattr(module, name)
+        ours = {k: v for k, v in registry.items() if _is_mpts(v)}
+        registry.clear()
+        registry.update(dict(items))
+        registry.update(ours)
+
+
 def _short(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
@@ -46,12 +85,18 @@ class TorchState:
     autocast: tuple[tuple[str, bool, torch.dtype], ...]  # (device type, enabled, its lower dtype)
     num_threads: int
     autocast_nesting: int = 0  # open torch.autocast blocks (autocast_nesting())
+    hooks: Hooks = ()  # the global module hooks (`_global_hooks`), compared by identity
 
     @classmethod
     def capture(cls) -> TorchState:
         return cls(torch.get_default_dtype(), torch.is_grad_enabled(),
                    tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _autocast_devices()),
-                   torch.get_num_threads(), autocast_nesting())
+                   torch.get_num_threads(), autocast_nesting(), _global_hooks())
+
+    def with_hooks(self, now: TorchState) -> TorchState:
+        """This state with `now`'s global module hooks: those `build_model()` registers belong to the model."""
+        return TorchState(self.default_dtype, self.grad_enabled, self.autocast, self.num_threads,
+                          self.autocast_nesting, now.hooks)
 
     def active_autocast(self) -> tuple[str, ...]:
         """The device types whose torch.autocast is on."""
@@ -76,6 +121,7 @@ class TorchState:
                        "(an autocast entered and not exited)")
         if now.num_threads != self.num_threads:
             out.append(f"threads {self.num_threads} -> {now.num_threads} (torch.set_num_threads)")
+        out += _hook_changes(self.hooks, now.hooks)
         return out
 
     def restore(self) -> None:
@@ -89,11 +135,26 @@ class TorchState:
                 torch.clear_autocast_cache()
         if torch.get_num_threads() != self.num_threads:
             torch.set_num_threads(self.num_threads)
+        if _global_hooks() != self.hooks:
+            _restore_hooks(self.hooks)
         nesting = autocast_nesting()
         while nesting > self.autocast_nesting:  # close what was left open; the cache goes with the last block
             nesting = torch.autocast_decrement_nesting()
             if nesting == 0:
                 torch.clear_autocast_cache()
+
+
+def _hook_changes(before: Hooks, now: Hooks) -> list[str]:
+    """`3 global forward hook(s) added (torch.nn.modules.module.register_module_forward_hook)`, per registry."""
+    out = []
+    for (name, items), (_, items2) in zip(before, now, strict=False):
+        added = len({id(v) for _, v in items2} - {id(v) for _, v in items})
+        removed = len({id(v) for _, v in items} - {id(v) for _, v in items2})
+        kind = name.removeprefix("_global_").replace("_", " ").removesuffix("s")
+        for count, what in ((added, "added"), (removed, "removed")):
+            if count:
+                out.append(f"{count} global {kind}(s) {what} (torch.nn.modules.module.register_module_*)")
+    return out
 
 
 def refuse_active_autocast(what: str = "a tune") -> TorchState:
@@ -114,9 +175,17 @@ class StateGuard:
         self.start = start or TorchState.capture()
         self.leaked: dict[str, str] = {}  # change -> the user code that first made it
 
-    def restore(self, who: str) -> bool:
-        """Put back the start state after `who` (`evaluate`, `build_model()`) ran; True when it had changed."""
-        changes = self.start.diff(TorchState.capture())
+    def restore(self, who: str, *, keep_hooks: bool = False) -> bool:
+        """Put back the start state after `who` (`evaluate`, `build_model()`) ran; True when it had changed.
+
+        `keep_hooks`: the global module hooks `who` registered are the model's own (`build_model()`: a model
+        that hooks every module runs so wherever it is built), kept for every later call; those any other
+        user code leaves behind (an `evaluate` that registers one per call) are removed, so each evaluation
+        and each of mpt's own forwards runs with the hooks the model has, not with every earlier call's."""
+        now = TorchState.capture()
+        if keep_hooks:
+            self.start = self.start.with_hooks(now)
+        changes = self.start.diff(now)
         if not changes:
             return False
         self.start.restore()

@@ -107,7 +107,7 @@ class ModelKeeper:
         try:
             model = self._build()
         finally:
-            self.guard.restore("build_model()")
+            self.guard.restore("build_model()", keep_hooks=True)
         check_fp32_model(model, where=user_site(self._build))
         return model.to(self.device).eval()
 

@@ -58,6 +58,7 @@ class Execution:
     fp32_islands: tuple[str, ...] = ()  # modules whose own ops run FP32 (children keep the plan)
     fp32_subtrees: tuple[str, ...] = ()  # modules that run FP32 with everything below them
     python_modules: tuple[str, ...] = ()  # modules under mpt's engine on the scoped path
+    unnested: tuple[str, ...] = ()  # nn.TransformerEncoders that fall back from the nested-tensor path (`install`)
     reason: str = ""  # why the plan is not native, when it is not
 
     def describe(self) -> str:
@@ -90,7 +91,10 @@ def realize(model: nn.Module, device: str, lower: torch.dtype, module_overrides:
     inside = {p for p in paths if _under_any(p, subtrees)}
     known = set(paths)
     islands = sorted({key[0] for key in instance_overrides if key[0] in known and key[0] not in inside})
-    return Execution(ExecutionPath.NATIVE, device, lower, tuple(islands), tuple(sorted(subtrees)))
+    unnested = sorted(p for p, m in model.named_modules() if isinstance(m, nn.TransformerEncoder) and p not in inside
+                      and getattr(m, "use_nested_tensor", False))
+    return Execution(ExecutionPath.NATIVE, device, lower, tuple(islands), tuple(sorted(subtrees)),
+                     unnested=tuple(unnested))
 
 
 # (module, the forward it had in its __dict__ before or None or _UNCHANGED, the hook install added or None)
@@ -114,6 +118,13 @@ def install(model: nn.Module, execution: Execution) -> Wrapped:
     whole layer as one FP32 kernel that reads its children's weights directly, which torch.autocast on CPU
     does not lower, so the layer would not run what the plan says (its children low); the fast path
     stands down when a module of the layer has hooks. Under an FP32 module override it may run: all FP32.
+
+    An `nn.TransformerEncoder` given a padding mask turns its input into a NestedTensor when its first layer
+    looks fit for the fused path (CPU autocast does not stop it), and a layer that then cannot take that path
+    (its weights stored lowered) fails on the NestedTensor (issue 34). Outside FP32 subtrees such an encoder
+    (`Execution.unnested`) runs as torch runs it and, where a layer refuses the
+    NestedTensor, again without nesting: its padded positions are then computed as unfused layers compute
+    them, not zeros, as in any model whose layers cannot fuse.
     """
     assert execution.path is ExecutionPath.NATIVE and execution.device and execution.dtype
     fp32_own = set(execution.fp32_islands)
@@ -134,7 +145,29 @@ def install(model: nn.Module, execution: Execution) -> Wrapped:
                                              root=path == "")
         elif hook is not None:
             wrapped.append((module, _UNCHANGED, hook))
+        if path in execution.unnested:  # see the docstring
+            wrapped.append((module, module.__dict__.get("forward"), None))
+            module.forward = _unnested_fallback(module, module.forward)
     return wrapped
+
+
+def _unnested_fallback(module: nn.Module, forward: Callable[..., Any]) -> Callable[..., Any]:
+    """`forward` of an nn.TransformerEncoder, run once more without the nested-tensor path when a layer refused
+    the NestedTensor it was handed (`install`): the same call, with `use_nested_tensor` off for its length."""
+    @functools.wraps(forward)
+    def unnested(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return forward(*args, **kwargs)
+        except AssertionError as exc:
+            if "NestedTensor" not in str(exc) or not getattr(module, "use_nested_tensor", False):
+                raise
+        setattr(module, "use_nested_tensor", False)  # noqa: B010 - an nn.Module attribute mypy types as a Tensor
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            setattr(module, "use_nested_tensor", True)  # noqa: B010
+
+    return unnested
 
 
 def _no_fast_path(module: nn.Module, args: Any) -> None:

@@ -3,26 +3,33 @@
     .venv/bin/python benchmarks/zoo.py                     # every model, about 4-12 min on 2 cores
     .venv/bin/python benchmarks/zoo.py --only resnet18,lstm_lm --out zoo.md
     .venv/bin/python benchmarks/zoo.py --size tiny         # smoke run of the harness (about 2 min)
+    .venv/bin/python benchmarks/zoo.py --device cuda       # on a GPU: every step runs the models on cuda
 
 The model files live in benchmarks/zoo/ (one per architecture, each a plain mpt model file:
 build_model(), evaluate(model), example_inputs(); fixed data and seeded weights built in the file,
 nothing downloaded). Every metric compares the model with an FP32 reference on that data (cosine,
 KL or top-1 agreement; see each file's docstring), so the FP32 baseline is 1.0 (or a KL of 0).
 
+`--device` (default cpu) is where every step runs the models: the runners move the built model and
+example_inputs() there, `mpt tune` gets `--device DEVICE`, and the children get MPT_ZOO_DEVICE. The
+model files build their data on the CPU (seeded, the same numbers everywhere), move it to the
+model's device in evaluate(), and build their FP32 reference on that device (benchmarks/zoo/_shared.py).
+
 For each model, each step in its own subprocess:
 
-1. FP32 evaluate: a runner builds the model and calls evaluate() twice (the first call also
+1. FP32 evaluate: a runner builds the model (on --device) and calls evaluate() twice (the first call also
    builds the file's FP32 reference), and reports wall times and its peak RSS (ru_maxrss).
-2. `mpt tune MODEL.py --dtype bf16 --tolerance T [--absolute] [--lower-is-better] --out TMP
-   --overwrite --quiet --time-budget S`, with the flags of the ZOO table below; its peak RSS comes
+2. `mpt tune MODEL.py --dtype bf16 --tolerance T [--absolute] [--lower-is-better] --device DEVICE
+   --out TMP --overwrite --quiet --time-budget S`, with the flags of the ZOO table below; its peak RSS comes
    from os.wait4() on that child.
 3. report.json: candidates N, evaluations (and the target ceil(log2 N) + 4 when the all-bf16 trial
    failed), FP32 instances, the lower-precision share of matmul/conv FLOPs, baseline and tuned
    metric, seconds (total, evaluations) -> the share of the tune spent outside evaluate().
-4. A runner loads the result, `tuner.load(build_model(), out)`, evaluates it (it must reproduce the
-   tuned metric: within the measured noise, at least 1e-6) and times it against
-   `torch.autocast("cpu", torch.bfloat16)` on the FP32 model, on example_inputs(), interleaved
-   (benchmarks/_common.py), median ms per forward.
+4. A runner loads the result, `tuner.load(build_model().to(DEVICE), out)`, evaluates it (it must
+   reproduce the tuned metric: within the measured noise, at least 1e-6) and times it against
+   `torch.autocast(DEVICE_TYPE, torch.bfloat16)` on the FP32 model, on example_inputs(), interleaved
+   (benchmarks/_common.py), median ms per forward (on CUDA each timed call ends with
+   torch.cuda.synchronize(), so a block's time covers the GPU's work).
 
 Prints one table (and writes it to --out: markdown, or JSON when the name ends in .json).
 The tolerances (ZOO below; `--list` prints them) are chosen so that all-bf16 FAILS the target for
@@ -117,23 +124,54 @@ def _maxrss_kib() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)  # KiB on Linux
 
 
-def runner_fp32(path: Path) -> dict:
-    """Build, evaluate twice (the first call builds the file's FP32 reference too), peak RSS."""
+def _sync_fn(device: str):
+    """torch.cuda.synchronize on a CUDA device (timings then cover the GPU's work), else a no-op."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        return torch.cuda.synchronize
+    return lambda: None
+
+
+def runner_fp32(path: Path, device: str = "cpu") -> dict:
+    """Build (then move to `device`), evaluate twice (the first call builds the file's FP32 reference too),
+    peak RSS (and on CUDA the peak of allocated GPU memory)."""
     t0 = time.perf_counter()
-    mod = _import_model_file(path)
-    model = mod.build_model()
+    mod = _import_model_file(path)  # imports torch: build_s counts it, as before --device
+    import torch
+
+    sync = _sync_fn(device)
+    model = mod.build_model().to(device)
+    sync()
     build_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     metric = float(mod.evaluate(model))
+    sync()
     first_s = time.perf_counter() - t1
     t2 = time.perf_counter()
     metric2 = float(mod.evaluate(model))
+    sync()
     eval_s = time.perf_counter() - t2
+
+    out = {"build_s": build_s, "first_eval_s": first_s, "eval_s": eval_s, "metric": metric, "metric2": metric2,
+           "params": sum(p.numel() for p in model.parameters()), "threads": torch.get_num_threads(),
+           "maxrss_kib": _maxrss_kib(), "device": device}
+    if torch.device(device).type == "cuda":
+        out["cuda_max_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    return out
+
+
+def _to_device(x, device: str):
+    """example_inputs() (a tensor, or tensors in a tuple/list/dict) moved to `device`."""
     import torch
 
-    return {"build_s": build_s, "first_eval_s": first_s, "eval_s": eval_s, "metric": metric, "metric2": metric2,
-            "params": sum(p.numel() for p in model.parameters()), "threads": torch.get_num_threads(),
-            "maxrss_kib": _maxrss_kib()}
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_device(i, device) for i in x)
+    if isinstance(x, dict):
+        return {k: _to_device(v, device) for k, v in x.items()}
+    return x
 
 
 def _call(model, inputs):
@@ -144,8 +182,9 @@ def _call(model, inputs):
     return model(inputs)
 
 
-def runner_loaded(path: Path, out: Path, rounds: int, block: float) -> dict:
-    """tuner.load(build_model(), out) -> evaluate; then its speed against torch.autocast on example_inputs."""
+def runner_loaded(path: Path, out: Path, rounds: int, block: float, device: str = "cpu") -> dict:
+    """tuner.load(build_model() on `device`, out) -> evaluate; then its speed against torch.autocast (of the
+    device) on example_inputs, moved to the device."""
     import torch
 
     sys.path.insert(0, str(HERE))
@@ -156,7 +195,7 @@ def runner_loaded(path: Path, out: Path, rounds: int, block: float) -> dict:
     mod = _import_model_file(path)
     result: dict = {}
     try:
-        loaded = tuner.load(mod.build_model(), out)
+        loaded = tuner.load(mod.build_model().to(device), out)
     except Exception as exc:  # noqa: BLE001 - reported in the table
         return {"error": f"tuner.load raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
     try:
@@ -167,20 +206,28 @@ def runner_loaded(path: Path, out: Path, rounds: int, block: float) -> dict:
         return result
     if rounds <= 0:
         return result
-    fp32 = mod.build_model()
-    inputs = mod.example_inputs()
+    fp32 = mod.build_model().to(device)
+    inputs = _to_device(mod.example_inputs(), device)
+    kind = torch.device(device).type
+    sync = _sync_fn(device)
 
     def run_autocast():
-        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
-            return _call(fp32, inputs)
+        with torch.no_grad(), torch.autocast(kind, torch.bfloat16):
+            out = _call(fp32, inputs)
+        sync()
+        return out
 
     def run_loaded():
         with torch.no_grad():
-            return _call(loaded, inputs)
+            out = _call(loaded, inputs)
+        sync()
+        return out
 
     def run_fp32():
         with torch.no_grad():
-            return _call(fp32, inputs)
+            out = _call(fp32, inputs)
+        sync()
+        return out
 
     try:
         set_budget(60.0)
@@ -286,7 +333,8 @@ def bench_model(m: ZooModel, args, work: Path, env: dict) -> Row:
     me = [sys.executable, str(Path(__file__).resolve())]
 
     # 1. plain FP32 evaluate
-    c = run_child(me + ["--runner", "fp32", str(path)], env, args.child_timeout, work / f"{m.name}.fp32.log")
+    c = run_child(me + ["--runner", "fp32", str(path), "--device", args.device], env, args.child_timeout,
+                  work / f"{m.name}.fp32.log")
     row.fp32 = _last_json(c.output) or {"error": f"exit {c.rc}: {_tail(c.output)}"}
     _progress(m.name, "fp32", row.fp32 if "error" in row.fp32 else
               f"({c.wall_s:.0f}s) build {row.fp32['build_s']:.1f}s, evaluate {row.fp32['eval_s']:.2f}s "
@@ -294,7 +342,8 @@ def bench_model(m: ZooModel, args, work: Path, env: dict) -> Row:
               f"peak RSS {row.fp32['maxrss_kib'] / 1024:.0f} MiB")
 
     # 2. mpt tune through the CLI
-    cmd = [sys.executable, "-m", "mpt_cli", "tune", str(path), *m.flags(), "--out", str(out), "--overwrite", "--quiet"]
+    cmd = [sys.executable, "-m", "mpt_cli", "tune", str(path), *m.flags(), "--device", args.device, "--out", str(out),
+           "--overwrite", "--quiet"]
     if args.time_budget:
         cmd += ["--time-budget", str(args.time_budget)]
     limit = (args.time_budget or args.child_timeout) + 120
@@ -315,7 +364,8 @@ def bench_model(m: ZooModel, args, work: Path, env: dict) -> Row:
     # 4. loaded model: metric and speed
     if (out / "plan.yaml").is_file():
         c = run_child(me + ["--runner", "loaded", str(path), str(out), "--rounds", str(args.rounds),
-                            "--block", str(args.block)], env, args.child_timeout, work / f"{m.name}.loaded.log")
+                            "--block", str(args.block), "--device", args.device], env, args.child_timeout,
+                      work / f"{m.name}.loaded.log")
         row.loaded = _last_json(c.output) or {"error": f"exit {c.rc}: {_tail(c.output)}"}
         _progress(m.name, "loaded", f"({c.wall_s:.0f}s) " + ", ".join(
             f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.loaded.items()))
@@ -423,7 +473,8 @@ def table_row(rec: dict) -> list[str]:
         ratio = "error"
     return [rec["model"], _f(rec["candidates"], "d"), evals, _f(rec["fp32_instances"], "d"),
             _f(rec["low_precision_flop_share"], ".0%"), metric, rec["loaded_text"], _f(rec["tune_wall_s"], ".1f"),
-            _f(rec["outside_eval_share"], ".0%") + f" ({_f(rec.get('mpt_share'), '.0%')})", _f(rec["rss_ratio"], ".2f") + ("x" if rec["rss_ratio"] else ""),
+            _f(rec["outside_eval_share"], ".0%") + f" ({_f(rec.get('mpt_share'), '.0%')})",
+            _f(rec["rss_ratio"], ".2f") + ("x" if rec["rss_ratio"] else ""),
             ratio, _f(rec["loaded_vs_fp32"], ".2f") + ("x" if rec["loaded_vs_fp32"] else "")]
 
 
@@ -440,6 +491,17 @@ def cpu_lines() -> list[str]:
             f"torch {torch.__version__}, cpu capability {torch.backends.cpu.get_cpu_capability()}, "
             f"{torch.get_num_threads()} threads; /proc/cpuinfo: "
             + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in flags.items())]
+
+
+def device_line(device: str) -> str:
+    """The GPU the run used (for --device cuda)."""
+    import torch
+
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        return f"device: {device}"
+    p = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return (f"device: {device} = {p.name}, {p.total_memory / 2**30:.0f} GiB, compute capability "
+            f"{p.major}.{p.minor}, CUDA {torch.version.cuda}, bf16 supported: {torch.cuda.is_bf16_supported()}")
 
 
 def notes(recs: list[dict]) -> list[str]:
@@ -497,16 +559,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, help="OMP_NUM_THREADS for the children (default: torch's choice)")
     ap.add_argument("--rounds", type=int, default=5, help="timing rounds, loaded vs autocast (0: skip timing)")
     ap.add_argument("--block", type=float, default=0.2, help="seconds per timed block")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where every step runs the models (mpt tune --device, the runners, MPT_ZOO_DEVICE); "
+                         "default cpu")
     ap.add_argument("--list", action="store_true", help="print the models and their tune flags, and exit")
     ap.add_argument("--runner", choices=("fp32", "loaded"), help=argparse.SUPPRESS)
     ap.add_argument("paths", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
     if args.runner == "fp32":
-        print(json.dumps(runner_fp32(Path(args.paths[0]))))
+        print(json.dumps(runner_fp32(Path(args.paths[0]), args.device)))
         return 0
     if args.runner == "loaded":
-        print(json.dumps(runner_loaded(Path(args.paths[0]), Path(args.paths[1]), args.rounds, args.block)))
+        print(json.dumps(runner_loaded(Path(args.paths[0]), Path(args.paths[1]), args.rounds, args.block,
+                                       args.device)))
         return 0
     if args.list:
         print(flags_table())
@@ -520,7 +586,12 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(HERE))
     from _common import table
 
-    env = dict(os.environ, MPT_ZOO_SIZE=args.size, PYTHONPATH=os.pathsep.join(
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            ap.error("--device cuda: torch.cuda.is_available() is False on this machine")
+    env = dict(os.environ, MPT_ZOO_SIZE=args.size, MPT_ZOO_DEVICE=args.device, PYTHONPATH=os.pathsep.join(
         [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
@@ -533,7 +604,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"NOTE: load average {load:.1f} on {os.cpu_count()} CPUs before the run: other work is running; "
               "times will be inflated and noisy"
               + ("" if args.threads else " (try --threads 1, or rerun on an idle box)"))
-    print(f"zoo size {args.size}; models: {', '.join(names)}\n", flush=True)
+    if args.device != "cpu":
+        print(device_line(args.device))
+    print(f"zoo size {args.size}; device {args.device}; models: {', '.join(names)}\n", flush=True)
 
     t0 = time.perf_counter()
     tmp = None
@@ -562,12 +635,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         if args.out.suffix == ".json":
-            args.out.write_text(json.dumps({"machine": cpu_lines(), "size": args.size,
+            args.out.write_text(json.dumps({"machine": cpu_lines(), "size": args.size, "device": args.device,
                                             "models": {m.name: asdict(m) for m in ZOO if m.name in names},
                                             "rows": recs}, indent=2, default=str) + "\n")
         else:
-            args.out.write_text("\n".join(["# mpt model zoo", "", *[f"- {x}" for x in cpu_lines()],
-                                           f"- zoo size {args.size}", "", md, "", legend(), "",
+            machine = cpu_lines() + ([device_line(args.device)] if args.device != "cpu" else [])
+            args.out.write_text("\n".join(["# mpt model zoo", "", *[f"- {x}" for x in machine],
+                                           f"- zoo size {args.size}, device {args.device}", "", md, "", legend(), "",
                                            *[f"NOTE: {x}" for x in extra], "", "Flags:", "", flags_table(), ""]))
         print(f"wrote {args.out}")
     return 0

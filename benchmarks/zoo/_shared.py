@@ -9,6 +9,13 @@ precision plan (mpt tune attaches one) or hold bf16 weights (tuner.load). Instea
 builds a second model with the file's own build_model(), runs it once per process in FP32 (torch
 autocast and mpt's casts switched off, no_grad), keeps only its outputs (float32, detached) in a
 module-level cache and frees the model.
+
+Devices: the data are built on the CPU (seeded CPU generators: the same numbers on every machine) and
+moved to the device of the model under test (`device_of(model)`) when it runs; the reference model
+is built on that same device (or, when no model is given, on `MPT_ZOO_DEVICE`, which
+`benchmarks/zoo.py --device` sets; default cpu), so that `mpt tune --device cuda` and the harness's
+runners evaluate on the GPU. build_model() itself stays on the CPU: mpt (and the harness) move the
+model to the device after building it.
 """
 from __future__ import annotations
 
@@ -37,6 +44,32 @@ def tiny() -> bool:
     return size() == "tiny"
 
 
+def default_device() -> torch.device:
+    """`MPT_ZOO_DEVICE` ("cpu" by default; benchmarks/zoo.py --device sets it for its children)."""
+    return torch.device(os.environ.get("MPT_ZOO_DEVICE", "cpu").strip() or "cpu")
+
+
+def device_of(model: torch.nn.Module) -> torch.device:
+    """Where `model` runs: the device of its first parameter (or buffer), else default_device()."""
+    for t in model.parameters():
+        return t.device
+    for t in model.buffers():
+        return t.device
+    return default_device()
+
+
+def to_device(x: Any, device: torch.device | str) -> Any:
+    """Tensors (in tuples/lists/dicts) moved to `device` (the same objects when they are there already)."""
+    if isinstance(x, Tensor):
+        return x.to(device)
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_device(i, device) for i in x) if not hasattr(x, "_fields") else type(x)(
+            *(to_device(i, device) for i in x))
+    if isinstance(x, dict):
+        return {k: to_device(v, device) for k, v in x.items()}
+    return x
+
+
 @contextlib.contextmanager
 def seeded(seed: int) -> Iterator[None]:
     """Deterministic RNG inside, and the caller's global RNG state left as it was."""
@@ -50,11 +83,14 @@ def generator(seed: int) -> torch.Generator:
 
 
 @contextlib.contextmanager
-def fp32_only() -> Iterator[None]:
-    """No autocast (torch's or mpt's) and no autograd: how the reference runs."""
+def fp32_only(device: torch.device | str = "cpu") -> Iterator[None]:
+    """No autocast (torch's, for the CPU and for `device`, or mpt's) and no autograd: how the reference runs."""
+    kind = torch.device(device).type
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.no_grad())
         stack.enter_context(torch.autocast("cpu", enabled=False))
+        if kind != "cpu":
+            stack.enter_context(torch.autocast(kind, enabled=False))
         try:
             import tuner
 
@@ -80,20 +116,27 @@ def detached_float(x: Any) -> Any:
 _REFERENCES: dict[str, Any] = {}
 
 
-def reference(key: str, build: Callable[[], torch.nn.Module], run: Callable[[torch.nn.Module], Any]) -> Any:
-    """run(build()) in FP32, once per process and key; the model is freed, its outputs (float32) are kept.
+def reference(key: str, build: Callable[[], torch.nn.Module], run: Callable[[torch.nn.Module], Any],
+              device: torch.device | str | None = None) -> Any:
+    """run(build() on `device`) in FP32, once per process, key and device; the model is freed, its outputs
+    (float32, on `device`) are kept.
 
+    `device`: where the model under test runs (pass `device_of(model)`); None: default_device().
     `key` must name everything the outputs depend on (model file, size); the cache is shared by every
     zoo file imported in the process.
     """
-    if key not in _REFERENCES:
-        with fp32_only():
-            model = build()
+    dev = torch.device(device) if device is not None else default_device()
+    cache_key = key if dev.type == "cpu" else f"{key}@{dev}"
+    if cache_key not in _REFERENCES:
+        with fp32_only(dev):
+            model = build().to(dev)
             outputs = detached_float(run(model))
         del model
         gc.collect()
-        _REFERENCES[key] = outputs
-    return _REFERENCES[key]
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        _REFERENCES[cache_key] = outputs
+    return _REFERENCES[cache_key]
 
 
 def clear_references() -> None:
@@ -103,14 +146,14 @@ def clear_references() -> None:
 # ----- fidelity metrics (all computed in float64 on float32 copies) ----------------------------------------------
 def mean_pool(hidden: Tensor, mask: Tensor) -> Tensor:
     """Sentence-transformers' mean pooling: the mean of the token embeddings where mask is 1."""
-    m = mask.to(hidden.dtype).unsqueeze(-1)
+    m = mask.to(hidden.device, hidden.dtype).unsqueeze(-1)
     return (hidden * m).sum(dim=-2) / m.sum(dim=-2).clamp(min=1e-9)
 
 
 def cosine_sum(ref: Tensor, out: Tensor) -> tuple[float, int]:
     """(sum of cosine similarities between matching rows of ref and out, number of rows), over the last dim."""
     a = ref.detach().double().flatten(0, -2)
-    b = out.detach().double().flatten(0, -2)
+    b = out.detach().to(a.device).double().flatten(0, -2)
     cos = torch.nn.functional.cosine_similarity(a, b, dim=-1, eps=1e-12)
     return float(cos.sum()), int(cos.numel())
 
@@ -121,10 +164,10 @@ def kl_sum(ref_logits: Tensor, logits: Tensor, mask: Tensor | None = None) -> tu
     Positions where `mask` is 0 (padding) are left out. A NaN/inf in `logits` gives inf (a failed trial).
     """
     p_log = torch.log_softmax(ref_logits.detach().double(), dim=-1)
-    q_log = torch.log_softmax(logits.detach().double(), dim=-1)
+    q_log = torch.log_softmax(logits.detach().to(p_log.device).double(), dim=-1)
     kl = (p_log.exp() * (p_log - q_log)).sum(dim=-1)
     if mask is not None:
-        keep = mask.bool()
+        keep = mask.to(kl.device).bool()
         kl = kl[keep]
     if not torch.isfinite(kl).all():
         return float("inf"), int(kl.numel())
@@ -133,9 +176,9 @@ def kl_sum(ref_logits: Tensor, logits: Tensor, mask: Tensor | None = None) -> tu
 
 def top1_sum(ref_logits: Tensor, logits: Tensor, mask: Tensor | None = None) -> tuple[int, int]:
     """(positions whose argmax over the last dim agrees with the reference's, positions counted)."""
-    same = ref_logits.argmax(dim=-1) == logits.detach().float().argmax(dim=-1)
+    same = ref_logits.argmax(dim=-1) == logits.detach().float().argmax(dim=-1).to(ref_logits.device)
     if mask is not None:
-        same = same[mask.bool()]
+        same = same[mask.to(same.device).bool()]
     return int(same.sum()), int(same.numel())
 
 
@@ -209,8 +252,11 @@ SENTENCES = [
 
 
 def batched(model: torch.nn.Module, x: Tensor, batch: int, call: Callable[..., Any] | None = None) -> list[Tensor]:
-    """FP32 logits of `model` over `x` in batches (call(model, chunk) picks the logits; default model(chunk))."""
+    """FP32 logits of `model` over `x` in batches (call(model, chunk) picks the logits; default model(chunk)).
+
+    `x` moves to the model's device first."""
     pick = call or (lambda m, chunk: m(chunk))
+    x = x.to(device_of(model))
     with torch.no_grad():
         return [pick(model, x[i:i + batch]).float() for i in range(0, len(x), batch)]
 
@@ -235,7 +281,9 @@ def padded_tokens(vocab: int, seqs: int, length: int) -> tuple[Tensor, Tensor]:
 
 
 def lm_logits(model: torch.nn.Module, ids: Tensor, mask: Tensor, batch: int) -> list[Tensor]:
-    """An HF causal LM's FP32 logits, called with keyword inputs, in batches."""
+    """An HF causal LM's FP32 logits, called with keyword inputs, in batches (moved to the model's device)."""
+    device = device_of(model)
+    ids, mask = ids.to(device), mask.to(device)
     with torch.no_grad():
         return [model(input_ids=ids[i:i + batch], attention_mask=mask[i:i + batch]).logits.float()
                 for i in range(0, len(ids), batch)]

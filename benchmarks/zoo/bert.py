@@ -72,7 +72,7 @@ def build_model() -> nn.Module:
 
 
 def _outputs(model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    d, b = data(), config()["batch"]
+    d, b = _shared.to_device(data(), _shared.device_of(model)), config()["batch"]
     outs = []
     with torch.no_grad():
         for i in range(0, len(d["input_ids"]), b):
@@ -85,7 +85,7 @@ def _outputs(model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def evaluate(model: nn.Module) -> float:
     """Mean of the cosine similarities (mean-pooled last_hidden_state, pooler_output) to the FP32 model's."""
-    ref = _shared.reference(f"bert/{_shared.size()}", build_model, _outputs)
+    ref = _shared.reference(f"bert/{_shared.size()}", build_model, _outputs, _shared.device_of(model))
     tok = pool = 0.0
     count = 0
     for (r_tok, r_pool), (o_tok, o_pool) in zip(ref, _outputs(model)):

@@ -60,7 +60,7 @@ def _logits(model: nn.Module) -> list[torch.Tensor]:
 
 def evaluate(model: nn.Module) -> float:
     """Mean KL(P_fp32 || P_model) of the next-token distributions over the non-padding positions (nats)."""
-    ref = _shared.reference(f"gpt2/{_shared.size()}", build_model, _logits)
+    ref = _shared.reference(f"gpt2/{_shared.size()}", build_model, _logits, _shared.device_of(model))
     _, mask = data()
     b = config()["batch"]
     total, count = 0.0, 0

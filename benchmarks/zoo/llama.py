@@ -63,7 +63,7 @@ def _logits(model: nn.Module) -> list[torch.Tensor]:
 
 def evaluate(model: nn.Module) -> float:
     """Share of non-padding positions whose most likely next token matches the FP32 model's."""
-    ref = _shared.reference(f"llama/{_shared.size()}", build_model, _logits)
+    ref = _shared.reference(f"llama/{_shared.size()}", build_model, _logits, _shared.device_of(model))
     _, mask = data()
     b = config()["batch"]
     return _shared.agreement(ref, _logits(model), [mask[i:i + b] for i in range(0, len(mask), b)])

@@ -70,21 +70,23 @@ def build_model() -> nn.Module:
 
 
 def _embeddings(model: nn.Module) -> list[torch.Tensor]:
+    device = _shared.device_of(model)
     embs = []
     with torch.no_grad():
-        for batch in batches():
+        for cpu_batch in batches():
+            batch = _shared.to_device(cpu_batch, device)
             out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
             embs.append(_shared.mean_pool(out.last_hidden_state.float(), batch["attention_mask"]))
     return embs
 
 
-def _reference() -> list[torch.Tensor]:
-    return _shared.reference(f"minilm/{_shared.size()}", build_model, _embeddings)
+def _reference(device: torch.device | None = None) -> list[torch.Tensor]:
+    return _shared.reference(f"minilm/{_shared.size()}", build_model, _embeddings, device)
 
 
 def evaluate(model: nn.Module) -> float:
     """Mean cosine similarity of the mean-pooled sentence embeddings to the FP32 ones."""
-    ref = _reference()
+    ref = _reference(_shared.device_of(model))
     total, count = 0.0, 0
     for r, e in zip(ref, _embeddings(model)):
         s, n = _shared.cosine_sum(r, e)

@@ -70,7 +70,8 @@ def _logits(model: nn.Module) -> list[torch.Tensor]:
 
 def evaluate(model: nn.Module) -> float:
     """Share of the fixed images whose top-1 class matches the FP32 model's."""
-    return _shared.agreement(_shared.reference(f"vit/{_shared.size()}", build_model, _logits), _logits(model))
+    ref = _shared.reference(f"vit/{_shared.size()}", build_model, _logits, _shared.device_of(model))
+    return _shared.agreement(ref, _logits(model))
 
 
 def example_inputs() -> tuple[torch.Tensor]:

@@ -136,3 +136,54 @@ def test_zoo_harness_end_to_end(tmp_path):
     assert row["evaluations"] >= 2 and 0 <= row["outside_eval_share"] < 1
     assert row["tune_maxrss_kib"] > 0 and row["fp32_maxrss_kib"] > 0
     assert (tmp_path / "work" / "lstm_lm" / "plan.yaml").is_file()
+
+
+def test_zoo_harness_refuses_cuda_without_a_gpu():
+    """--device cuda on a machine without CUDA: a usage error before any model runs."""
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    res = subprocess.run([sys.executable, str(ZOO.parent / "zoo.py"), "--device", "cuda", "--only", "lstm_lm"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "torch.cuda.is_available() is False" in res.stderr, res.stdout + res.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["lstm_lm", "resnet18", "gpt2", "llama", "bert", "vit"])
+def test_zoo_file_runs_on_cuda(name):
+    """A zoo model moved to CUDA evaluates there: inputs follow the model, the FP32 reference is built on it."""
+    if name in ("gpt2", "llama", "bert", "vit"):
+        pytest.importorskip("transformers")
+    mod = zoo_module(name)
+    import _shared
+
+    model = mod.build_model().to("cuda")
+    assert _shared.device_of(model).type == "cuda"
+    perfect = 0.0 if name == "gpt2" else 1.0
+    assert mod.evaluate(model) == pytest.approx(perfect, abs=1e-6)
+    ref = _shared._REFERENCES[f"{name}/tiny@cuda:0"]
+    first = ref[0][0] if isinstance(ref[0], tuple) else ref[0]
+    assert first.device.type == "cuda"
+    inputs = _shared.to_device(mod.example_inputs(), "cuda")
+    with torch.no_grad():
+        out = model(**inputs) if isinstance(inputs, dict) else model(*inputs)
+    assert out is not None
+
+
+@pytest.mark.gpu
+def test_zoo_harness_on_cuda(tmp_path):
+    """benchmarks/zoo.py --device cuda on the tiny LSTM LM: every step on the GPU, the loaded plan reproduces."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "zoo.json"
+    res = subprocess.run([sys.executable, str(ZOO.parent / "zoo.py"), "--size", "tiny", "--only", "lstm_lm",
+                          "--device", "cuda", "--rounds", "1", "--block", "0.05", "--out", str(out),
+                          "--work", str(tmp_path / "work")], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads(out.read_text())
+    (row,) = data["rows"]
+    assert data["device"] == "cuda" and row["tune_rc"] == 0 and row["loaded_ok"] is True, row
+    assert row["autocast_ms"] and row["loaded_ms"], row

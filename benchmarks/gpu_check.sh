@@ -4,7 +4,8 @@
 #   2. benchmarks/gpu_tune.py: the 1.1B LLaMA-shaped HF decoder tuned with --metric kl on 32 x 512 tokens in
 #      bf16 and fp16, the 8B one where the GPU holds it, and the tuned plan's forward against torch.autocast
 #      and a hand-written equivalent (tables with PASS/FAIL per target);
-#   3. benchmarks/scale.py --device cuda at 4 layers of TinyLlama's width (mpt's own time by function).
+#   3. benchmarks/scale.py --device cuda at 4 layers of TinyLlama's width (mpt's own time by function);
+#   4. benchmarks/zoo.py --device cuda on three tiny zoo models (the harness end to end on the GPU).
 # Without `mpt` importable (a bare machine with torch and transformers), the project is installed into a
 # temporary folder first (no dependencies resolved: the machine's torch is the one measured).
 #     bash benchmarks/gpu_check.sh            # everything
@@ -20,13 +21,15 @@ fi
 "$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print('#', torch.cuda.get_device_name(), 'torch', torch.__version__)" || exit 1
 status=0
 echo "## 1. pytest -m gpu"
-timeout 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests || status=1
+timeout 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests || status=1
 echo "## 2. benchmarks/gpu_tune.py"
 if [ -n "${GPU_CHECK_QUICK:-}" ]; then
     timeout 300 "$PY" benchmarks/gpu_tune.py --shapes 1b --dtypes bf16 || status=1
 else
-    timeout 330 "$PY" benchmarks/gpu_tune.py || status=1
+    timeout 270 "$PY" benchmarks/gpu_tune.py || status=1
     echo "## 3. benchmarks/scale.py --device cuda"
-    timeout 90 "$PY" benchmarks/scale.py --layers 4 --device cuda --batches 8 --tokens 512 || status=1
+    timeout 45 "$PY" benchmarks/scale.py --layers 4 --device cuda --batches 8 --tokens 512 || status=1
+    echo "## 4. benchmarks/zoo.py --device cuda"
+    timeout 45 "$PY" benchmarks/zoo.py --size tiny --device cuda --rounds 2 --only lstm_lm,vit,gpt2 || status=1
 fi
 exit $status

@@ -208,3 +208,25 @@ def test_the_elements_evaluate_feeds_the_model_are_counted_journaled_and_resumed
     again, _ = evaluator(Counting(), tmp_path, resume=True)
     resumed = again.baseline(), again.trial(PLAN, "one in FP32", Shares(), ACCEPT)
     assert [t.from_journal for t in resumed] == [True, True] and [t.fed for t in resumed] == [24, 24]
+
+
+def test_an_evaluation_from_the_journal_leaves_the_generators_as_it_left_them(tmp_path):
+    """A resumed run goes on drawing where the interrupted one was (issue 34): the generators an evaluation
+    moved, torch's global one and one its closure holds, are journaled and put back when it is replayed."""
+    import random
+
+    own = random.Random(0)
+
+    def draws(model: nn.Module) -> float:
+        with torch.no_grad():
+            model(torch.ones(1, 4))
+        return float(torch.rand(())) + own.random()
+
+    ev, _ = evaluator(draws, tmp_path)
+    ev.baseline(), ev.trial(PLAN, "one in FP32", Shares(), ACCEPT)
+    left = torch.get_rng_state(), own.getstate()
+    torch.manual_seed(0), own.seed(1)  # a new process: its generators elsewhere
+    again, _ = evaluator(draws, tmp_path, resume=True)
+    resumed = again.baseline(), again.trial(PLAN, "one in FP32", Shares(), ACCEPT)
+    assert all(t.from_journal for t in resumed)
+    assert torch.equal(torch.get_rng_state(), left[0]) and own.getstate() == left[1]

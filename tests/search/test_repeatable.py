@@ -62,6 +62,24 @@ def test_the_signature_sees_the_data_fed_and_the_generators_drawn():
     assert not repeatable(None, _signature(quiet, model, x))
 
 
+def test_a_generator_neither_run_touched_does_not_hide_a_reseeded_one():
+    """The all-low trial of a resumed run, in another process than the baseline it is compared with: Python's
+    generator (seeded anew by each process) differs between them, untouched by either; torch's, reseeded by
+    evaluate, is where the baseline left it (replayed from the journal). Each generator is judged apart."""
+    model = torch.nn.Linear(2, 2)
+    x = torch.ones(3, 2)
+
+    def reseeds(m):
+        torch.manual_seed(0)
+        return float(torch.rand(()))
+
+    torch.manual_seed(1)
+    random.seed(1)
+    baseline = _signature(reseeds, model, x)
+    random.seed(2)  # the resumed process; torch's generator as the baseline left it
+    assert repeatable(baseline, _signature(reseeds, model, x))
+
+
 def test_a_traced_forward_leaves_no_signature():
     model = torch.nn.Linear(2, 2)
     sig = RunSignature()

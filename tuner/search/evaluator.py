@@ -36,7 +36,7 @@ from tuner.measure.shares import Shares
 from tuner.policy.plan import Plan
 from tuner.search.distributed import Ranks, SharedJournal
 from tuner.search.noise import Acceptance
-from tuner.search.repeatable import RunSignature
+from tuner.search.repeatable import Draws, RunSignature, restore_generators
 from tuner.search.results import Evaluating, EventKind, StopReason, Trial, TuneEvent
 from tuner.search.strategy import SearchStopped
 from tuner.workspace.journal import Journal
@@ -85,13 +85,15 @@ class _ForwardCount:
 
 class _Run(NamedTuple):
     """What one evaluate gave: its metric (None: failed, `error` says why), its seconds, the tensor elements
-    it fed the model's forward and its signature (tuner.search.repeatable; None: not readable)."""
+    it fed the model's forward, its signature (tuner.search.repeatable; None: not readable) and the states
+    of the generators it moved (Draws.moved: the journal keeps them for --resume)."""
 
     metric: float | None
     error: str | None
     seconds: float
     fed: int
     signature: str | None
+    moved: dict[str, Any]
 
 
 def _describe(exc: Exception) -> str:
@@ -180,6 +182,7 @@ class Evaluator:
             metric = None if cached.get("metric") is None else float(cached["metric"])
             passed = baseline or (accept is not None and accept.confirms(metric))
             fed, signature = cached.get("fed"), cached.get("signature")
+            self._replay_draws(cached.get("generators"))
             return self._record(Trial(n, label, fp32, metric, passed, float(cached["seconds"]), shares,
                                       cached.get("error"), True, baseline, kept,
                                       fed if isinstance(fed, int) and fed > 0 else None,
@@ -194,8 +197,16 @@ class Evaluator:
         if self.journal:
             self.journal.append(key, {"metric": run.metric, "passed": passed, "seconds": run.seconds,
                                       "error": run.error, "fp32": list(fp32), "fed": run.fed,
-                                      "signature": run.signature})
+                                      "signature": run.signature, "generators": run.moved})
         return self._record(trial)
+
+    def _replay_draws(self, moved: Any) -> None:
+        """A journaled run's draws replayed: the generator states it left put back, so the first evaluation a
+        resumed run makes draws what it drew in the interrupted run, and its metric and signature (the noise
+        settling, TuneSession.settle_noise) are those the uninterrupted run would have had. Not under
+        torchrun: the journal holds rank 0's states only."""
+        if isinstance(moved, dict) and moved and not self.ranks.distributed:
+            restore_generators(self._evaluate, moved)
 
     def _call(self, plan: Plan | None) -> _Run:
         """One `evaluate` on the lent model, with `plan` attached (None: FP32).
@@ -220,9 +231,12 @@ class Evaluator:
         with self.keeper.borrowed("evaluate", lowered=lowered) as model:
             t0 = time.monotonic()
             signature = RunSignature(self._evaluate) if self.signing else None
+            draws = signature.draws if signature is not None else Draws(self._evaluate)
             count = _ForwardCount(model, signature)
             if signature is not None:
                 signature.start()
+            else:
+                draws.start()
             try:
                 with self._deployed(model, plan):
                     metric = _to_float(self._evaluate(model))
@@ -235,6 +249,8 @@ class Evaluator:
             finally:
                 count.remove()
                 digest = None if signature is None else signature.finish()
+                if signature is None:
+                    draws.finish()
                 self.keeper.guard.restore("evaluate")  # the next evaluation starts from the state the run did
             secs = time.monotonic() - t0
             if metric is not None and self.ranks.distributed:
@@ -246,7 +262,7 @@ class Evaluator:
         if metric is not None and count.calls == 0:
             raise UserCodeError(NO_FORWARD.format(which="the FP32 baseline" if baseline else "a trial"),
                                 where=user_site(self._evaluate))
-        return _Run(metric, error, secs, count.fed, digest)
+        return _Run(metric, error, secs, count.fed, digest, draws.moved())
 
     @contextlib.contextmanager
     def _deployed(self, model: nn.Module, plan: Plan | None) -> Iterator[nn.Module]:

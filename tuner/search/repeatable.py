@@ -14,59 +14,198 @@ Matching signatures (`repeatable`) mean evaluate fed the model the same data and
 random, so its metric is deterministic and the baseline needs no second run
 (tuner.search.session.TuneSession.settle_noise).
 Different signatures, or none, mean it may be noisy, and the baseline is evaluated again, as before.
+
+Every evaluation also leaves the states of the generators it moved in the journal (`Draws.moved`), and a
+resumed run puts them back where it takes that evaluation from the journal (`restore_generators`): the first
+evaluation it makes then draws what it drew in the interrupted run, so an evaluate that reseeds itself is
+still told deterministic, a noisy one gives the same metrics, and the resumed run takes the same path
+(issue 34: an evaluation from the journal that left torch's generator as a fresh process has it made the
+all-low trial look noisy, and the baseline was evaluated again).
 What mpt cannot see (a generator evaluate creates anew in each call, unseeded, and uses after the forward;
 a file that changes between runs) is not covered: `mpt check` evaluates a plan again against the FP32
 model.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import inspect
-import pickle
+import json
 import random
+import re
+import struct
 import sys
 import types
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NamedTuple
 
 import torch
 
 from tuner.core.inputs import tensor_leaves
 
+_SEPARATORS = re.compile(r"[\s:;]")  # what a signature separates its fields with
 
-def _generator_state(obj: Any) -> bytes | None:
-    """The state of a random number generator as bytes; None for anything else."""
+
+class _Source(NamedTuple):
+    """A random number generator evaluate may draw from: its name in a signature and the journal, and how to
+    read its state (a JSON value: the journal keeps it) and put one back."""
+
+    name: str
+    read: Callable[[], Any]
+    write: Callable[[Any], object]
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _torch_state(state: torch.Tensor) -> str:
+    return _b64(state.numpy().tobytes())
+
+
+def _torch_tensor(value: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(value)), dtype=torch.uint8)
+
+
+def _python_state(state: tuple) -> list[Any]:
+    """random.getstate() as JSON: its version, its 625 words packed (little-endian uint32), gauss_next."""
+    version, words, gauss = state
+    return [version, _b64(struct.pack(f"<{len(words)}I", *words)), gauss]
+
+
+def _python_tuple(value: list[Any]) -> tuple:
+    version, packed, gauss = value
+    raw = base64.b64decode(packed)
+    return version, struct.unpack(f"<{len(raw) // 4}I", raw), gauss
+
+
+def _numpy_json(value: Any) -> Any:
+    """A NumPy generator's state (nested dicts, tuples, arrays and scalars) as JSON; `_numpy_value` undoes it."""
+    numpy = sys.modules["numpy"]
+    if isinstance(value, dict):
+        return {str(k): _numpy_json(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [_numpy_json(v) for v in value]
+    if isinstance(value, numpy.ndarray):
+        return {"ndarray": _b64(value.tobytes()), "dtype": value.dtype.str}
+    return value.item() if isinstance(value, numpy.generic) else value
+
+
+def _numpy_value(value: Any) -> Any:
+    numpy = sys.modules["numpy"]
+    if isinstance(value, dict) and set(value) == {"ndarray", "dtype"}:
+        return numpy.frombuffer(base64.b64decode(value["ndarray"]), dtype=value["dtype"]).copy()
+    if isinstance(value, dict):
+        return {k: _numpy_value(v) for k, v in value.items()}
+    return tuple(_numpy_value(v) for v in value) if isinstance(value, list) else value
+
+
+def _held_source(name: str, obj: Any) -> _Source | None:
+    """`obj` as a _Source when it is a random number generator (torch's, Python's, NumPy's); else None."""
+    if isinstance(obj, random.SystemRandom):  # draws from the OS: no state to record or put back
+        return None
     if isinstance(obj, random.Random):
-        return pickle.dumps(obj.getstate())
+        return _Source(name, lambda: _python_state(obj.getstate()), lambda v: obj.setstate(_python_tuple(v)))
     if isinstance(obj, torch.Generator):
-        return obj.get_state().numpy().tobytes()
+        return _Source(name, lambda: _torch_state(obj.get_state()), lambda v: obj.set_state(_torch_tensor(v)))
     numpy = sys.modules.get("numpy")
     if numpy is not None and isinstance(obj, numpy.random.RandomState):
-        return pickle.dumps(obj.get_state())
+        return _Source(name, lambda: _numpy_json(obj.get_state()), lambda v: obj.set_state(_numpy_value(v)))
     if numpy is not None and isinstance(obj, numpy.random.Generator):
-        return pickle.dumps(obj.bit_generator.state)
+        bits = obj.bit_generator
+        return _Source(name, lambda: _numpy_json(bits.state),
+                       lambda v: setattr(bits, "state", _numpy_value(v)))
     return None
 
 
-def _user_values(fn: Callable[..., Any], depth: int = 0) -> Iterator[Any]:
-    """What `fn` can reach without arguments: its module's globals and its closure (and those of the
-    functions a wrapper holds there or on its object: the user's own evaluate behind mpt's wrapper), and one
-    level into the attributes of the objects there (a data set object holding its own generator)."""
+def _sources(fn: Callable[..., Any] | None) -> list[_Source]:
+    """The generators evaluate may draw from, in a fixed order: torch's, Python's and NumPy's global ones,
+    then each one `fn` reaches (`_user_values`), once, by the name it is first reached by (`user.RNG`,
+    `user.data.rng`): a resumed run names them alike, and never puts one's state in another."""
+    found = [_Source("torch", lambda: _torch_state(torch.get_rng_state()),
+                     lambda v: torch.set_rng_state(_torch_tensor(v))),
+             _Source("random", lambda: _python_state(random.getstate()),
+                     lambda v: random.setstate(_python_tuple(v)))]
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        found.append(_Source("numpy", lambda: _numpy_json(numpy.random.get_state()),
+                             lambda v: numpy.random.set_state(_numpy_value(v))))
+    seen: set[int] = set()
+    for name, value in _user_values(fn) if fn is not None else ():
+        source = None if id(value) in seen else _held_source("user." + _SEPARATORS.sub("_", name), value)
+        if source is not None:
+            seen.add(id(value))
+            found.append(source)
+    return found
+
+
+def generator_states(fn: Callable[..., Any] | None) -> dict[str, Any]:
+    """The state of each generator evaluate (`fn`) may draw from, by name (JSON values). One whose state
+    cannot be read as its kind's is (a subclass of random.Random with a state of its own) is left out."""
+    states = {}
+    for source in _sources(fn):
+        try:
+            states[source.name] = source.read()
+        except (TypeError, ValueError, NotImplementedError, struct.error):
+            continue
+    return states
+
+
+def restore_generators(fn: Callable[..., Any] | None, states: Mapping[str, Any]) -> None:
+    """Put back the generator states a journaled run of `fn` left (`Draws.moved`), so that the run after it
+    draws what it drew in the run the journal records: a resumed run replays the interrupted one. A state
+    that does not fit its generator (a journal edited by hand) is left out: the run after it draws anew."""
+    for source in _sources(fn):
+        if source.name in states:
+            try:
+                source.write(states[source.name])
+            except (TypeError, ValueError, KeyError, RuntimeError, struct.error, binascii.Error):
+                continue
+
+
+class Draws:
+    """What one run of evaluate did to the generators it may draw from: their states before (`start`) and
+    after (`finish`), and those it moved (`moved`: what the journal keeps for `restore_generators`)."""
+
+    def __init__(self, evaluate: Callable[..., Any] | None = None) -> None:
+        self._evaluate = evaluate
+        self.before: dict[str, Any] = {}
+        self.after: dict[str, Any] = {}
+
+    def start(self) -> None:
+        self.before = generator_states(self._evaluate)
+
+    def finish(self) -> None:
+        self.after = generator_states(self._evaluate)
+
+    def moved(self) -> dict[str, Any]:
+        """The states the run left that differ from those it found."""
+        return {name: state for name, state in self.after.items() if self.before.get(name) != state}
+
+
+def _user_values(fn: Callable[..., Any], depth: int = 0, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """What `fn` can reach without arguments, each with the name it is reached by: its module's globals and
+    its closure (and those of the functions a wrapper holds there or on its object, `wrapped/name`: the user's
+    own evaluate behind mpt's wrapper), and one level into the attributes of the objects there (`name.attr`:
+    a data set object holding its own generator)."""
     fn = inspect.unwrap(fn)
     owner = getattr(fn, "__self__", None)
     fn = getattr(fn, "__func__", fn)
-    held = [cell.cell_contents for cell in getattr(fn, "__closure__", None) or () if _filled(cell)]
+    names = getattr(getattr(fn, "__code__", None), "co_freevars", ())
+    cells = getattr(fn, "__closure__", None) or ()
+    held = [(name, cell.cell_contents) for name, cell in zip(names, cells, strict=False) if _filled(cell)]
     if owner is not None:
-        held += [owner, *getattr(owner, "__dict__", {}).values()]
-    for value in [*getattr(fn, "__globals__", {}).values(), *held]:
-        yield value
+        held += [("self", owner), *((f"self.{k}", v) for k, v in getattr(owner, "__dict__", {}).items())]
+    for name, value in [*getattr(fn, "__globals__", {}).items(), *held]:
+        yield prefix + str(name), value
         attrs = getattr(value, "__dict__", None)
         if isinstance(attrs, dict) and not isinstance(value, (type, types.ModuleType, types.FunctionType)):
-            yield from list(attrs.values())
+            yield from ((f"{prefix}{name}.{k}", v) for k, v in list(attrs.items()))
     if depth < 2:
-        for value in held:
+        for name, value in held:
             if isinstance(value, (types.FunctionType, types.MethodType)) and value is not fn:
-                yield from _user_values(value, depth + 1)
+                yield from _user_values(value, depth + 1, f"{prefix}{name}/")
 
 
 def _filled(cell: Any) -> bool:
@@ -77,33 +216,18 @@ def _filled(cell: Any) -> bool:
     return True
 
 
-def _rng_states(fn: Callable[..., Any] | None) -> bytes:
-    """The states of the generators evaluate may draw from, as bytes: torch's, Python's and NumPy's global
-    ones, and those `fn` reaches (`_user_values`)."""
-    parts = [torch.get_rng_state().numpy().tobytes(), pickle.dumps(random.getstate())]
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        parts.append(pickle.dumps(numpy.random.get_state()))
-    for value in _user_values(fn) if fn is not None else ():
-        state = _generator_state(value)
-        if state is not None:
-            parts.append(state)
-    return b"\0".join(parts)
-
-
 class RunSignature:
     """Records one run of `evaluate`'s signature: `feed(args, kwargs)` from a forward pre-hook, `start()`
-    before it runs and `finish()` after, which returns the hex digest (None when a tensor fed could not be
-    read, or was fed while being traced or compiled)."""
+    before it runs and `finish()` after, which returns it (None when a tensor fed could not be read, or was
+    fed while being traced or compiled). `draws` holds the generator states it read."""
 
     def __init__(self, evaluate: Callable[..., Any] | None = None) -> None:
-        self._evaluate = evaluate
         self._inputs = hashlib.sha256()
         self._readable = True
-        self._before = b""
+        self.draws = Draws(evaluate)
 
     def start(self) -> None:
-        self._before = _rng_states(self._evaluate)
+        self.draws.start()
 
     def feed(self, args: Any, kwargs: Any) -> None:
         if torch.jit.is_tracing() or torch.compiler.is_compiling():  # tensors here are the tracer's
@@ -120,30 +244,54 @@ class RunSignature:
             self._inputs.update(data.data)  # the array's buffer (a memoryview)
 
     def finish(self) -> str | None:
-        """`<inputs> <generators before> <generators after>`, three digests (hex)."""
+        """`<inputs> <name>:<before>:<after>;...`: the digest of the inputs fed, then each generator's digests
+        before and after the run (hex). Each generator apart, so one that neither run touched (Python's, seeded
+        anew by each process) does not hide that another was reseeded."""
+        self.draws.finish()
         if not self._readable:
             return None
-        after = _rng_states(self._evaluate)
-        return " ".join(h[:_HEX] for h in (self._inputs.hexdigest(), _sha(self._before), _sha(after)))
+        before, after = self.draws.before, self.draws.after
+        states = ";".join(f"{name}:{_digest(before.get(name))}:{_digest(state)}" for name, state in after.items())
+        return f"{self._inputs.hexdigest()[:_HEX]} {states}"
 
 
-_HEX = 32  # hex digits kept of each digest
+def _digest(state: Any) -> str:
+    return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()[:_STATE_HEX]
 
 
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+_HEX = 32  # hex digits kept of the inputs' digest
+_STATE_HEX = 16  # and of each generator state's
 
 
-def repeatable(first: str | None, second: str | None) -> bool:
-    """Whether two runs with these signatures (RunSignature.finish) give the same metric: they fed the model
-    the same data, and neither drew at random, or both left the generators in one state from different
-    starting states (or from the state the other left): evaluate reseeds them itself."""
-    if first is None or second is None:
-        return False
-    (fed1, before1, after1), (fed2, before2, after2) = first.split(), second.split()
-    if fed1 != fed2:
-        return False
+def _parse(signature: str) -> tuple[str, dict[str, tuple[str, str]]] | None:
+    """A signature's inputs digest and each generator's (before, after) digests; None when it is not one
+    RunSignature.finish writes (a journal from before generators were told apart)."""
+    parts = signature.split(" ")
+    if len(parts) != 2:
+        return None
+    states: dict[str, tuple[str, str]] = {}
+    for item in parts[1].split(";") if parts[1] else ():
+        fields = item.split(":")
+        if len(fields) != 3:
+            return None
+        states[fields[0]] = (fields[1], fields[2])
+    return parts[0], states
+
+
+def _same_draws(first: tuple[str, str], second: tuple[str, str]) -> bool:
+    """One generator in two runs: neither drew from it, or both left it in one state from different starting
+    states (or from the state the other left): evaluate reseeds it itself."""
+    (before1, after1), (before2, after2) = first, second
     drew1, drew2 = before1 != after1, before2 != after2
     if not drew1 and not drew2:
         return True
     return after1 == after2 and (before1 != before2 or not drew1 or not drew2)
+
+
+def repeatable(first: str | None, second: str | None) -> bool:
+    """Whether two runs with these signatures (RunSignature.finish) give the same metric: they fed the model
+    the same data, and for every generator `_same_draws`."""
+    one, two = (None if s is None else _parse(s) for s in (first, second))
+    if one is None or two is None or one[0] != two[0] or set(one[1]) != set(two[1]):
+        return False
+    return all(_same_draws(one[1][name], two[1][name]) for name in one[1])

@@ -5,7 +5,10 @@ the FP32 weights, the settings and the versions. `--resume` refuses a journal
 whose fingerprint differs and says which part changed. Each line is flushed
 and fsynced as soon as its evaluation ends; a torn last line (the process was
 killed mid-write) is dropped, and a journal torn inside its header (nothing
-after it was ever written) starts over.
+after it was ever written) starts over. An evaluation's line also keeps the
+states of the random generators it moved (`generators`), which a resumed run
+puts back, so it goes on as the interrupted run would have
+(tuner.search.repeatable).
 
 Inputs recorded from the model's first forward call (a model file without
 `example_inputs()`) are kept beside it in `journal-inputs.safetensors`, so a

@@ -53,11 +53,11 @@ class TuneCommandOptions(TuneOptions):
                                "checkpoint as one model.safetensors beside the sharded model.dcp/, so tuner.load "
                                "loads it into the unsharded model (gathers each full tensor once).", Kind.BOOL,
                                after="latency")
-    save_pretrained: str | None = option(None, "An hf: model: also write the tuned model to DIR as a Hugging Face "
-                                         "folder (config, tokenizer files, the weights as model.safetensors "
-                                         "stores them, plan.yaml): tuner.load(\"hf:DIR\") loads it with the plan "
-                                         "attached, from_pretrained(DIR) the weights alone.", Kind.PATH,
-                                         metavar="DIR", after="out")
+    save_pretrained: str | None = option(None, "An hf: model: also write the tuned model to SAVED as a Hugging "
+                                         "Face folder (config, tokenizer files, the weights as model.safetensors "
+                                         "stores them, plan.yaml): tuner.load(\"hf:SAVED\") loads it with the "
+                                         "plan attached, from_pretrained(SAVED) the weights alone.", Kind.PATH,
+                                         metavar="SAVED", after="out")
     quiet: bool = option(False, "Only the final verdict.", Kind.BOOL, short="-q")
     build: str | None = build_option()
     eval: str | None = eval_option()

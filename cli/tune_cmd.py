@@ -30,6 +30,8 @@ Outputs in --out: plan.yaml, lower_precision_ops.txt, fp32_ops.txt,
 model.safetensors, report.json, report.md, search.html, journal.jsonl.
 Load the result with tuner.load(build_model(), "mpt-out"), an hf: run's with
 tuner.load("hf:DIR", "mpt-out"); report.md prints the line for the run.
+--save-pretrained SAVED (hf: runs) also writes a Hugging Face folder that
+tuner.load("hf:SAVED") loads with its plan.
 """
 
 
@@ -190,7 +192,7 @@ def _tune(opts: Any, render: _Renderer, started: float) -> tuple[Any, Any]:
     render.working("building the model and evaluating the FP32 baseline ...")
     run = tune_into_folder(user, opts.tune_options(), opts.out, resume=opts.resume, overwrite=opts.overwrite,
                            specs=opts.specs(), on_event=render, started=started, latency=opts.latency, ranks=ranks,
-                           consolidate=opts.consolidate)
+                           consolidate=opts.consolidate, save_pretrained=opts.save_pretrained)
     return run, ranks
 
 
@@ -223,6 +225,8 @@ def _summarize(run: Any, options: Any, quiet: bool, shown: set[str] | frozenset[
                     (": this is the best confirmed plan so far" if met else ""))
     rest.append(f"wrote {out}/" + ("" if met else " with the all-FP32 plan") +
                 f" ({REPORT_MD_NAME}, {SEARCH_PAGE_NAME})")
+    if run.saved is not None:
+        rest.append(f'saved the tuned model to {run.saved}/: tuner.load("hf:{run.saved}") loads it with its plan')
     if is_tty() and not quiet:
         from rich.panel import Panel
         from rich.text import Text
@@ -232,6 +236,8 @@ def _summarize(run: Any, options: Any, quiet: bool, shown: set[str] | frozenset[
             body.append("\n" + line)
         out_console.print(Panel(body, title="mpt tune", expand=False, border_style="green" if met else "red"))
     else:
-        out_console.print(head + "; " + "; ".join(rest[:-1]), markup=False)
-        out_console.print(rest[-1], markup=False)
+        last = -2 if run.saved is not None else -1  # the folders written, one line each
+        out_console.print(head + "; " + "; ".join(rest[:last]), markup=False)
+        for line in rest[last:]:
+            out_console.print(line, markup=False)
     return exitcodes.OK if met else exitcodes.TARGET_NOT_MET

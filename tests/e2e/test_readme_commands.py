@@ -53,9 +53,10 @@ IGNORE = shutil.ignore_patterns(".git", ".venv", ".venv-ci", "__pycache__", "*.e
                                 "dist", "mpt-out", "runs", "mpt", "reports", "retrained", "*.pyc")
 COMMAND_TIMEOUT = 120  # seconds per command; the digits examples take a few
 # Files the pages' commands write, in the order the pages show them.
-EXPECTED = ("mpt-out/plan.yaml", "runs/tiny-bert-bf16/plan.yaml", "tune_digits.py", "runs/python/plan.yaml",
-            "ops.json", "runs/sensor/plan.yaml", "runs/sensor-fp16/plan.yaml", "runs/digits_sensor/plan.yaml",
-            "check.xml", "lower.txt", "mpt.yaml", "mpt/bf16/plan.yaml", "reports/mpt-check.xml")
+EXPECTED = ("mpt-out/plan.yaml", "runs/tiny-bert-bf16/plan.yaml", "runs/tiny-bert-tuned/plan.yaml",
+            "tune_digits.py", "runs/python/plan.yaml", "ops.json", "runs/sensor/plan.yaml",
+            "runs/sensor-fp16/plan.yaml", "runs/digits_sensor/plan.yaml", "check.xml", "lower.txt", "mpt.yaml",
+            "mpt/bf16/plan.yaml", "reports/mpt-check.xml")
 if "hf:" in SKIP:
     EXPECTED = tuple(f for f in EXPECTED if "tiny-bert" not in f)
 WRITTEN = re.compile(r"# ([\w.-]+\.(?:yaml|py))\b")  # the first line of a block that is a file to write

@@ -17,7 +17,7 @@ import torch
 from tuner.core.errors import ConfigError
 from tuner.core.hf_config import architecture
 
-__all__ = ["offline_transformers", "build_hf_model", "hf_forward", "SentenceEncoder"]
+__all__ = ["offline_transformers", "build_hf_model", "hf_forward", "SentenceEncoder", "is_sentence_transformers"]
 
 INSTALL_HINT = ("pip install -c constraints.txt 'transformers>=4.40' (constraints.txt pinning your torch, e.g. "
                 "torch==2.13.0, so pip keeps it)")
@@ -44,6 +44,12 @@ def _sentence_transformers(folder: Path) -> Any:
     except ImportError:
         return None
     return sentence_transformers
+
+
+def is_sentence_transformers(folder: Path) -> bool:
+    """Whether `build_hf_model(folder)` builds a SentenceTransformer (wrapped) rather than a transformers class:
+    its module names are then sentence-transformers', which no `from_pretrained` reads."""
+    return _sentence_transformers(folder) is not None
 
 
 class SentenceEncoder(torch.nn.Module):

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.core.devices import check_device
-from tuner.core.errors import Interrupted
+from tuner.core.errors import ConfigError, Interrupted
 from tuner.core.fingerprint import file_digests, source_digest
+from tuner.core.hf import is_sentence_transformers
 from tuner.core.loader import UserModel
 from tuner.core.output_files import JOURNAL_NAME, OUTPUT_FILES, STAGING_NAME
 from tuner.core.sharding import Sharding
@@ -25,6 +26,7 @@ from tuner.options.tune import TuneOptions
 from tuner.policy.plan import ModelRef
 from tuner.report.measuring import measure_report
 from tuner.report.outcome import TuneReport
+from tuner.report.pretrained import check_saved_target, save_pretrained_folder
 from tuner.report.sharded import save_shards
 from tuner.report.writer import withdraw_plan, write_outputs
 from tuner.search.distributed import Ranks, SharedJournal
@@ -44,6 +46,7 @@ class TuneRun:
     result: TuneResult
     out: Path
     report: TuneReport | None  # None: nothing written (interrupted before a plan was confirmed; not rank 0)
+    saved: Path | None = None  # the Hugging Face folder `save_pretrained` wrote
 
     @property
     def wrote_outputs(self) -> bool:
@@ -54,7 +57,7 @@ def tune_into_folder(user: UserModel, options: TuneOptions, out: str | Path, *, 
                      overwrite: bool = False, specs: Mapping[str, str | None] | None = None,
                      on_event: Callable[[TuneEvent], None] | None = None,
                      started: float | None = None, latency: bool = True, ranks: Ranks | None = None,
-                     consolidate: bool = False) -> TuneRun:
+                     consolidate: bool = False, save_pretrained: str | Path | None = None) -> TuneRun:
     """Tune `user`'s model and write the outputs into `out`, which no other run may use meanwhile.
 
     `specs` are the build/eval/inputs names the user gave (recorded in the
@@ -69,11 +72,15 @@ def tune_into_folder(user: UserModel, options: TuneOptions, out: str | Path, *, 
     An interrupt on any rank raises Interrupted on it, with nothing written: the journal keeps the finished
     evaluations for `resume`. A sharded model (FSDP2, tensor parallel: `tuner.core.sharding`) is measured by
     every rank together and its checkpoint written by every rank (`tuner.report.sharded`; `consolidate`: also
-    one whole model.safetensors).
+    one whole model.safetensors). `save_pretrained`: an `hf:` run also writes the tuned model there as a
+    Hugging Face folder with its plan (`tuner.report.pretrained`), checked before `out` is claimed.
     """
     ranks = ranks or Ranks()
     started = time.monotonic() if started is None else started
     start_state = refuse_active_autocast("mpt tune")  # before anything is claimed or built
+    saved = None if save_pretrained is None else Path(save_pretrained)
+    if saved is not None and ranks.is_main:
+        _check_saved(user, saved, Path(out), replace=resume or overwrite)
     speed_warning = check_device(options.device, options.dtype)
     claim = OutputFolder.claim(out, resume=resume, overwrite=overwrite, outputs=OUTPUT_FILES) if ranks.is_main \
         else contextlib.nullcontext(None)
@@ -115,7 +122,22 @@ def tune_into_folder(user: UserModel, options: TuneOptions, out: str | Path, *, 
         report = measure_report(result, keeper.model, model_ref=ref, device=options.device, latency=latency,
                                 hold=keeper.holding)  # the lowered weights packed once for verifying and writing
         report = write_outputs(result, report, folder.path, model=keeper.modules, hold=keeper.holding)
-        return TuneRun(result, folder.path, report)
+        if saved is not None:
+            save_pretrained_folder(keeper.model, user.path, folder.path, saved, replace=resume or overwrite)
+        return TuneRun(result, folder.path, report, saved)
+
+
+def _check_saved(user: UserModel, saved: Path, out: Path, *, replace: bool) -> None:
+    """ConfigError (exit 2) before anything is written when `save_pretrained` cannot be honoured: a model file's
+    model has no Hugging Face folder to save as, nor a sentence-transformers model one `from_pretrained` reads."""
+    if not user.hf:
+        raise ConfigError("`save_pretrained` writes a Hugging Face folder, so it takes an hf:DIR model; a model "
+                          "file's tuned model loads with tuner.load(build_model(), OUT)")
+    if is_sentence_transformers(user.path):
+        raise ConfigError("`save_pretrained`: a sentence-transformers folder is not saved as a Hugging Face folder "
+                          "(from_pretrained reads no SentenceTransformer); load the run with "
+                          "tuner.load(\"hf:DIR\", OUT)")
+    check_saved_target(saved, out, replace=replace)
 
 
 def _model_ref(user: UserModel, folder: OutputFolder, keeper: ModelKeeper, specs: Mapping[str, str | None] | None,

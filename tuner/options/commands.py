@@ -53,6 +53,11 @@ class TuneCommandOptions(TuneOptions):
                                "checkpoint as one model.safetensors beside the sharded model.dcp/, so tuner.load "
                                "loads it into the unsharded model (gathers each full tensor once).", Kind.BOOL,
                                after="latency")
+    save_pretrained: str | None = option(None, "An hf: model: also write the tuned model to SAVED as a Hugging "
+                                         "Face folder (config, tokenizer files, the weights as model.safetensors "
+                                         "stores them, plan.yaml): tuner.load(\"hf:SAVED\") loads it with the "
+                                         "plan attached, from_pretrained(SAVED) the weights alone.", Kind.PATH,
+                                         metavar="SAVED", after="out")
     quiet: bool = option(False, "Only the final verdict.", Kind.BOOL, short="-q")
     build: str | None = build_option()
     eval: str | None = eval_option()
@@ -64,7 +69,12 @@ class TuneCommandOptions(TuneOptions):
         super().__post_init__()
 
     def _rules(self, bad: Collection[str]) -> list[tuple[str, str]]:
-        return [*super()._rules(bad), *resume_rule(vars(self), bad)]
+        problems = [*super()._rules(bad), *resume_rule(vars(self), bad)]
+        if self.save_pretrained and self.model and not is_hf_spec(self.model) and "model" not in bad:
+            problems.append(("save_pretrained", "save_pretrained: writes a Hugging Face folder, so it takes an "
+                                                "hf:DIR model; a model file's tuned model loads with "
+                                                "tuner.load(build_model(), OUT)"))
+        return problems
 
     def tune_options(self) -> TuneOptions:
         """The search's options alone (what `tuner.tune` and the journal's fingerprint see)."""

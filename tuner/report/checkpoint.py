@@ -279,7 +279,7 @@ def _unaliased(t: Tensor, spans: dict[tuple[str, int], list[tuple[int, int]]]) -
     return t
 
 
-def load(model: nn.Module | str, plan: str | Path | Plan, *,
+def load(model: nn.Module | str, plan: str | Path | Plan | None = None, *,
          engine: str | EngineKind = EngineKind.AUTO) -> nn.Module:
     """Load `mpt tune`'s output into a freshly built FP32 model and attach its plan.
 
@@ -297,8 +297,12 @@ def load(model: nn.Module | str, plan: str | Path | Plan, *,
     checkpoint's sha256 differs from the one plan.yaml records, or when the
     checkpoint does not fit the model; the model is left untouched then.
     ConfigError when `plan` is no folder, plan file or Plan, or `model` no module or hf: folder.
+
+    Without `plan`, the model's own folder holds it: `"hf:SAVED"`, or a model loaded with
+    `from_pretrained(SAVED)`, where SAVED is a folder `mpt tune --save-pretrained` wrote (its plan.yaml and
+    model.safetensors are the run's: `tuner.report.pretrained`).
     """
-    loaded, ckpt = _plan_and_checkpoint(plan)
+    loaded, ckpt = _plan_and_checkpoint(_own_folder(model) if plan is None else plan)
     model = _model(model)
     rename = _rename(model, ckpt)
     if rename is not None:
@@ -308,6 +312,25 @@ def load(model: nn.Module | str, plan: str | Path | Plan, *,
     if ckpt is not None:
         _load_checkpoint(model, loaded, ckpt, rename)
     return attach(model, loaded, engine=engine)
+
+
+def _own_folder(model: nn.Module | str) -> Path:
+    """The folder `load(model)` takes its plan from when given none: the `hf:` folder, or the one a
+    transformers model was loaded from (`name_or_path`), when `--save-pretrained` wrote its plan.yaml there."""
+    if isinstance(model, str) and is_hf_spec(model):
+        folder = hf_folder(model)
+    else:
+        name = getattr(model, "name_or_path", None) if isinstance(model, nn.Module) else None
+        folder = Path(name) if isinstance(name, str) and name else Path()
+        if not name or not (folder / PLAN_NAME).is_file():
+            raise ConfigError("tuner.load takes the run's output folder (or plan) as its second argument: "
+                              "tuner.load(model, OUT); only a folder mpt tune --save-pretrained wrote carries its "
+                              "own plan: tuner.load(\"hf:SAVED\")")
+    if not (folder / PLAN_NAME).is_file():
+        raise ConfigError(f"{folder} holds no {PLAN_NAME}: tuner.load(\"hf:DIR\") alone loads a folder mpt tune "
+                          f"--save-pretrained wrote; for a tuned run give its output folder: "
+                          f"tuner.load(\"hf:DIR\", OUT)")
+    return folder
 
 
 def _model(model: nn.Module | str) -> nn.Module:

@@ -98,10 +98,11 @@ def memory_budget(device: str | torch.device) -> int:
 
 
 def as_built_fp32(model: torch.nn.Module) -> bool:
-    """`model` is an FP32 model with no plan attached: what `ModelKeeper` lends for the baseline evaluation,
-    whose outputs are the reference (the keeper has checked that every build gives the same weights)."""
-    floats = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
-    return attached(model) is None and all(t.dtype == torch.float32 for t in floats)
+    """`model` is the FP32 model with no plan attached (float64, complex or integer tensors of its own allowed):
+    what `ModelKeeper` lends for the baseline evaluation, whose outputs are the reference (the keeper has checked
+    that every build gives the same weights)."""
+    low = (torch.bfloat16, torch.float16)  # a trial's model holds the weights its checkpoint stores lowered
+    return attached(model) is None and not any(t.dtype in low for t in (*model.parameters(), *model.buffers()))
 
 
 class FidelityEvaluate:

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from tuner.core.dtypes import short_name
+from tuner.core.torch_state import autocast_nesting
 from tuner.engine import rnn_inputs
 from tuner.engine.tracker import OUTSIDE, ModuleTracker
 from tuner.policy.modes import InplaceMode
@@ -64,15 +65,6 @@ class _EngineThread(threading.local):
         self.counts: dict[tuple[str, str], int] = {}
         self.overrides: list[torch.dtype | None] = [None]
         self.nesting: list[int] = []  # torch.autocast's nesting depth at each entry of the engine
-
-
-def autocast_nesting() -> int:
-    """How many `torch.autocast` blocks (enabled or not) are open on this thread. torch keeps the count but
-    offers no getter: one step up and back down reads it (the cache is cleared by autocast's own exit, not
-    by the count reaching 0, so this clears nothing)."""
-    depth = torch.autocast_increment_nesting()
-    torch.autocast_decrement_nesting()
-    return depth - 1
 
 
 def casts_disabled() -> bool:

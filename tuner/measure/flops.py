@@ -169,8 +169,8 @@ def _attention_flops(q: Tensor, k: Tensor, e: int) -> int:
     """softmax(q k^T) v over all heads: 4 * (query tokens) * (key tokens) * e per sequence; nested tensors
     (the fast path's padding dropped) count each sequence at its own length."""
     if q.is_nested:
-        lq = [int(s[0]) for s in q._nested_tensor_size()]  # type: ignore[attr-defined]
-        lk = [int(s[0]) for s in k._nested_tensor_size()]  # type: ignore[attr-defined]
+        lq = [int(s[0]) for s in q._nested_tensor_size()]
+        lk = [int(s[0]) for s in k._nested_tensor_size()]
         return sum(4 * x * y * e for x, y in zip(lq, lk, strict=False))
     if q.dim() < 3:
         return 4 * (q.numel() // e) * (k.numel() // e) * e

@@ -102,6 +102,13 @@ ZOO: tuple[ZooModel, ...] = (
     ZooModel("resnet18", "resnet18.py", "top-1 class agreement with FP32", True, 0.01, False, "fail"),
     # all-bf16 0.979 agreement, the LSTM in FP32 and the head in bf16 0.985; target 0.98
     ZooModel("lstm_lm", "lstm_lm.py", "top-1 next-token agreement with FP32", True, 0.02, False, "fail"),
+    # nn.TransformerEncoder on torch's fused fast path (nested tensors, padding mask); target 1 - 1e-4
+    ZooModel("fused_transformer", "fused_transformer.py", "mean cosine per token to FP32", True, 1e-4, False,
+             "fail"),
+    # FNO: rfft, complex64 spectral weights (the model's own), irfft; pointwise linears/convs; target 1 - 1e-6
+    ZooModel("spectral", "spectral.py", "mean cosine per output function to FP32", True, 1e-6, False, "fail"),
+    # UNet: conv, ConvTranspose2d, skip concatenations, BatchNorm, in-place ReLU; target 1 - 1e-4
+    ZooModel("unet", "unet.py", "mean cosine per output map to FP32", True, 1e-4, False, "fail"),
 )
 BY_NAME = {m.name: m for m in ZOO}
 

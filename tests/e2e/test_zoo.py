@@ -89,7 +89,8 @@ def test_zoo_model_tunes_and_loads(runner, tmp_path, name, flags, all_low_passes
     assert_loaded_reproduces(name, out, report)
 
 
-@pytest.mark.parametrize("name", ["lstm_lm", "resnet18", "gpt2", "llama", "bert", "vit", "minilm"])
+@pytest.mark.parametrize("name", ["lstm_lm", "resnet18", "gpt2", "llama", "bert", "vit", "minilm", "unet", "spectral",
+                                  "fused_transformer"])
 def test_zoo_file_contract(name):
     """Seeded weights (two builds are bit-identical), FP32 evaluate gives the perfect score, inputs run."""
     if name in ("gpt2", "llama", "bert", "vit", "minilm"):

@@ -32,6 +32,11 @@ def op_flops(op: str, args: tuple, kwargs: dict, out: Any) -> int:
         return _rnn_flops(args)
     if op not in MATMUL_OPS:
         return 0
+    if op == "einsum":
+        try:
+            return _einsum_flops(args, kwargs)
+        except (IndexError, RuntimeError, KeyError):
+            return 0
     o = first_tensor(out)
     tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, Tensor)]
     if o is None or not tensors:
@@ -56,11 +61,52 @@ def op_flops(op: str, args: tuple, kwargs: dict, out: Any) -> int:
         if op == "scaled_dot_product_attention":
             q, k = tensors[0], tensors[1]
             return 4 * math.prod(int(s) for s in q.shape[:-1]) * int(k.shape[-2]) * int(q.shape[-1])
-        if op == "einsum":
-            return 2 * o.numel()
     except (IndexError, RuntimeError):
         return 0
     return 0
+
+
+def _einsum_flops(args: tuple, kwargs: dict) -> int:
+    """torch.einsum(equation, *operands): 2 per multiply-add of each pairwise contraction, left to right (as
+    torch contracts them), a contraction's multiply-adds being the product of the sizes of every index in
+    its two operands. The multiply-adds sum over the contracted indices: `bim,iom->bom` costs b*i*o*m of
+    them, not one per output element."""
+    equation = args[0] if args and isinstance(args[0], str) else kwargs.get("equation")
+    rest = args[1:] if args and isinstance(args[0], str) else args
+    operands = [t for t in (rest[0] if len(rest) == 1 and isinstance(rest[0], (list, tuple)) else rest)
+                if isinstance(t, Tensor)]
+    if not isinstance(equation, str) or not operands:
+        return 0
+    lhs, _, out = equation.replace(" ", "").partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(operands):
+        return 0
+    ell = max((t.dim() - len(term.replace("...", "")) for term, t in zip(terms, operands, strict=True)
+               if "..." in term),
+              default=0)
+    spare = [chr(c) for c in range(0x100, 0x100 + ell)]  # one letter per broadcast dimension of `...`
+    sizes: dict[str, int] = {}
+    subs = []
+    for term, t in zip(terms, operands, strict=True):
+        if "..." in term:
+            n = t.dim() - len(term.replace("...", ""))
+            term = term.replace("...", "".join(spare[ell - n:]))
+        if len(term) != t.dim():
+            return 0
+        for letter, size in zip(term, t.shape, strict=True):
+            sizes[letter] = max(sizes.get(letter, 1), int(size))
+        subs.append(set(term))
+    if len(subs) == 1:
+        return 2 * math.prod(sizes[x] for x in subs[0])
+    total, acc = 0, subs[0]
+    kept = set(out.replace("...", "".join(spare))) if "->" in equation else {x for x in sizes if
+                                                                                  sum(x in s for s in subs) == 1}
+    for i, nxt in enumerate(subs[1:], start=2):
+        both = acc | nxt
+        total += 2 * math.prod(sizes[x] for x in both)
+        later = set().union(*subs[i:]) if i < len(subs) else set()
+        acc = {x for x in both if x in kept or x in later}
+    return total
 
 
 def _rnn_flops(args: tuple) -> int:
@@ -72,3 +118,61 @@ def _rnn_flops(args: tuple) -> int:
         return 0
     tokens = x.numel() // int(x.shape[-1])
     return 2 * tokens * sum(p.numel() for p in params if p.dim() == 2)
+
+
+def aten_flops(op: str, args: tuple, kwargs: dict, out: Any) -> int:
+    """FLOPs of one ATen matmul/conv/attention/RNN call (`tuner.measure.deployed.GEMMS`'s names), 0 for others.
+
+    `op` is the overload packet's name (`aten.convolution` -> "convolution"); `args`/`kwargs` are the ATen
+    call's own. The counts are `op_flops`'s for the Python-level op the call implements, so a forward counted
+    at either level gives the same FLOPs where it runs the same work."""
+    a = list(args) + list(kwargs.values())
+    o = first_tensor(out)
+    try:
+        if op in ("mm", "bmm", "mv", "dot", "_int_mm", "_scaled_mm"):
+            return 2 * o.numel() * int(a[0].shape[-1]) if o is not None and a[0].dim() > 0 else 0
+        if op in ("addmm", "baddbmm", "addmv", "_addmm_activation"):
+            return 2 * o.numel() * int(a[1].shape[-1]) if o is not None else 0
+        if op == "addbmm":
+            return 2 * o.numel() * int(a[1].shape[-1]) * int(a[1].shape[0]) if o is not None else 0
+        if op in ("mkldnn_linear", "_mkldnn_linear"):
+            return 2 * o.numel() * int(a[1].shape[-1]) if o is not None else 0
+        if op in ("convolution", "_convolution", "convolution_overrideable"):
+            x, w, transposed = a[0], a[1], bool(a[6])
+            if transposed:
+                return 2 * x.numel() * int(w.shape[1]) * math.prod(int(s) for s in w.shape[2:])
+            return 2 * o.numel() * math.prod(int(s) for s in w.shape[1:]) if o is not None else 0
+        if op == "mkldnn_convolution":
+            return 2 * o.numel() * math.prod(int(s) for s in a[1].shape[1:]) if o is not None else 0
+        if op.startswith("_scaled_dot_product"):
+            q, k = a[0], a[1]
+            return 4 * math.prod(int(s) for s in q.shape[:-1]) * int(k.shape[-2]) * int(q.shape[-1])
+        if op == "_native_multi_head_attention":
+            q, k = a[0], a[1]
+            e = int(a[3])
+            tq, tk = q.numel() // e, k.numel() // e
+            return 2 * (2 * tq + 2 * tk) * e * e + _attention_flops(q, k, e)  # q, k, v and out projections
+        if op == "_transformer_encoder_layer_fwd":
+            src, e = a[0], int(a[1])
+            tokens = src.numel() // e
+            weights = a[3].numel() + a[5].numel() + a[14].numel() + a[16].numel()
+            return 2 * tokens * int(weights) + _attention_flops(src, src, e)
+        if op == "mkldnn_rnn_layer":  # one layer: (input, w_ih, w_hh, ...)
+            x = a[0]
+            return 2 * (x.numel() // int(x.shape[-1])) * int(a[1].numel() + a[2].numel())
+    except (IndexError, RuntimeError, AttributeError, TypeError):
+        return 0
+    return 0
+
+
+def _attention_flops(q: Tensor, k: Tensor, e: int) -> int:
+    """softmax(q k^T) v over all heads: 4 * (query tokens) * (key tokens) * e per sequence; nested tensors
+    (the fast path's padding dropped) count each sequence at its own length."""
+    if q.is_nested:
+        lq = [int(s[0]) for s in q._nested_tensor_size()]
+        lk = [int(s[0]) for s in k._nested_tensor_size()]
+        return sum(4 * x * y * e for x, y in zip(lq, lk, strict=False))
+    if q.dim() < 3:
+        return 4 * (q.numel() // e) * (k.numel() // e) * e
+    batch = math.prod(int(s) for s in q.shape[:-2])
+    return 4 * batch * int(q.shape[-2]) * int(k.shape[-2]) * e

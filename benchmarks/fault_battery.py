@@ -842,6 +842,10 @@ def evaluate(model):
     from fault_cases_issue17 import issue17_cases
 
     C.extend(issue17_cases(sys.modules[__name__]))
+    # --- issue 34's classes (benchmarks/fault_cases_issue34.py) -----------------------------------------------------
+    from fault_cases_issue34 import issue34_cases
+
+    C.extend(issue34_cases(sys.modules[__name__]))
     return C
 
 

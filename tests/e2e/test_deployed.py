@@ -231,15 +231,17 @@ def build_model():
     return Model().eval()
 """
 
-# (f) tensors no plan lowers: a complex spectral filter (a parameter), a float64 constant, an int64 counter
+# (f) tensors no plan lowers: a complex spectral filter (a parameter), a complex128 phase (a dtype safetensors
+# cannot name), a float64 constant, an int64 counter
 OWN_DTYPES = """
 class Spectral(nn.Module):
     def __init__(self):
         super().__init__()
         self.filt = nn.Parameter(torch.randn(9, dtype=torch.complex64))
+        self.register_buffer("phase", torch.randn(9, dtype=torch.complex128))
 
     def forward(self, x):
-        return torch.fft.irfft(torch.fft.rfft(x.float(), dim=-1) * self.filt, n=16, dim=-1)
+        return torch.fft.irfft(torch.fft.rfft(x.float(), dim=-1) * self.filt * self.phase, n=16, dim=-1).float()
 
 
 class Model(nn.Module):
@@ -406,7 +408,7 @@ def test_complex_float64_and_integer_tensors_are_kept_bit_for_bit_and_the_checkp
     loaded = tuner.load(user.build(), out)
     state = loaded.state_dict()
     want = user.build().state_dict()
-    for name in ("spec.filt", "center", "steps"):
+    for name in ("spec.filt", "spec.phase", "center", "steps"):
         assert state[name].dtype == want[name].dtype and torch.equal(state[name], want[name]), name
     res = CliRunner().invoke(main, ["check", str(out), "--checkpoint"])
     assert res.exit_code == 0, res.output

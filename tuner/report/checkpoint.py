@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from tuner.core.direct_io import read_chunks
@@ -29,7 +28,7 @@ from tuner.core.hf import SentenceEncoder, build_hf_model
 from tuner.core.hf_config import hf_folder, is_hf_spec
 from tuner.core.inputs import ModelInputs
 from tuner.core.output_files import CHECKPOINT_NAME, PLAN_NAME, SHARDED_CHECKPOINT_NAME
-from tuner.core.safetensors_write import FORMAT_DTYPES, write_safetensors
+from tuner.core.safetensors_write import FORMAT_DTYPES, read_safetensors, stored_form, write_safetensors
 from tuner.core.sharding import Sharding
 from tuner.engine.attach import attach, check_plan_fits
 from tuner.engine.kind import EngineKind
@@ -123,7 +122,7 @@ def _check_stored(model: nn.Module, path: str | Path) -> str | None:
     if missing:
         raise NotAsClaimed(f"the model loaded from {Path(path).name} does not reproduce the tuned model's output bit "
                            f"for bit (an mpt bug): {missing[0]} is missing")
-    state = model.state_dict()
+    state, _ = stored_form(model.state_dict(), None)  # a complex128 tensor as its real view, as the file holds it
     reader = _FileReader(path)
     try:
         for name, dtype, shape, same in reader.tensors():
@@ -137,9 +136,8 @@ def _check_stored(model: nn.Module, path: str | Path) -> str | None:
         reader.close()
 
 
-# mpt's writer's names, and those safetensors' own writer uses for what mpt's does not write itself (a complex
-# parameter: `write_safetensors` hands such a state dict to safetensors.torch.save_file).
-_FILE_DTYPES = {name: dtype for dtype, name in FORMAT_DTYPES.items()} | {"C64": torch.complex64}
+# mpt's writer's names (a dtype it does not know goes to safetensors.torch.save_file, whose name then differs)
+_FILE_DTYPES = {name: dtype for dtype, name in FORMAT_DTYPES.items()}
 
 
 class _FileReader:
@@ -392,7 +390,7 @@ def _load_checkpoint(model: nn.Module, plan: Plan, ckpt: Path, rename: Rename | 
         load_shards(model, directory)
         return
     try:
-        tensors = load_file(str(ckpt))
+        tensors = read_safetensors(ckpt)
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise PlanMismatchError(f"{ckpt} is truncated or corrupted ({str(exc).splitlines()[0]})") from None
     if rename is not None:

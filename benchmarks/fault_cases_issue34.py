@@ -10,7 +10,7 @@ share its harness. Every case is named `i34 <class>: ...`, the classes in order:
 - `dtypes`: float64, complex and integer parameters and buffers, bf16 and fp16 runs, each tune followed by
   `mpt check --checkpoint` on its folder.
 - `islands`: every container kind (NamedTuple, dataclass frozen or not, OrderedDict, defaultdict, deque,
-  nestings of them, keyword arguments) carrying low-precision tensors into a module the plan keeps FP32 (its
+  nestings of them, keyword arguments, attributes the caller sets on the island before calling it) carrying low-precision tensors into a module the plan keeps FP32 (its
   `cdist(x + 1000, p + 1000)` is fragile in bf16/fp16, so the search keeps it FP32).
 """
 from __future__ import annotations
@@ -213,6 +213,10 @@ CONTAINERS = {
     "list of dict of dataclass": ("p", "p[0]['x'].h, p[0]['x'].g", "[{'x': Box(h, g)}]"),
     "dataclass holding a list of NamedTuples": ("p", "p.h[0].h, p.g", "Box([Pair(h, g)], g)"),
     "NamedTuple keyword argument": ("*, p", "p.h, p.g", "p=Pair(h, g)"),
+    # attributes the caller sets on the island just before calling it (the argument is a placeholder)
+    "tensors set as attributes": ("p", "self.h_, self.g_", "(setattr(self.island, 'h_', h), "
+                                  "setattr(self.island, 'g_', g), None)[2]"),
+    "tuple set as an attribute": ("p", "self.ctx", "(setattr(self.island, 'ctx', (h, g)), None)[1]"),
 }
 
 TUNE_CHECK = """\
@@ -281,7 +285,8 @@ def issue34_cases(fb: ModuleType) -> list:
 
     # --- islands ----------------------------------------------------------------------------------------------------
     for name, (params, unpack, pack) in CONTAINERS.items():
-        dtypes = ("bf16", "fp16") if name in ("NamedTuple", "dataclass", "tuple of NamedTuple") else ("bf16",)
+        dtypes = ("bf16", "fp16") if name in ("NamedTuple", "dataclass", "tuple of NamedTuple",
+                                              "tensors set as attributes") else ("bf16",)
         for dtype in dtypes:
             add(Case(f"i34 islands: {name} into an FP32 island, {dtype}", tune(f"{T}/m.py", "--dtype", dtype, *Q), 0,
                      {"m.py": src(HEADER, ISLAND_MODEL % {"params": params, "unpack": unpack, "pack": pack})},

@@ -90,3 +90,47 @@ def test_bf16_tensors_in_any_container_reach_an_fp32_island_in_fp32(kind):
             h, g = model.a(x), model.b(x)
         want = torch.nn.functional.linear(h.float() * g.float(), model.island.lin.weight, model.island.lin.bias)
     assert out.dtype == torch.float32 and torch.equal(out, want)
+
+
+class AttrIsland(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.ctx: torch.Tensor | None = None  # set by the caller before each call
+        self.extra = {"g": None}
+
+    def forward(self, h):
+        w = self.lin.weight  # a low tensor reaching these FP32 linears fails: the dtypes must match
+        return torch.nn.functional.linear(h * self.extra["g"], w, self.lin.bias) + torch.nn.functional.linear(
+            self.ctx, w)
+
+
+class AttrModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+        self.island = AttrIsland()
+
+    def forward(self, x):
+        self.island.ctx = self.b(x)  # bf16 tensors handed in as attributes, one inside a dict
+        self.island.extra = {"g": self.c(x)}
+        return self.island(self.a(x))
+
+
+def test_bf16_tensors_set_as_attributes_of_an_fp32_island_reach_it_in_fp32_and_are_put_back():
+    torch.manual_seed(0)
+    model = AttrModel().eval()
+    x = torch.randn(4, 8)
+    plan = Plan(dtype="bf16", preset="torch-cpu", fp32_instances=(OpInstance("island", "linear", 0),))
+    loaded = tuner.attach(model, plan)
+    with torch.no_grad():
+        out = loaded(x)
+        assert model.island.ctx.dtype == torch.bfloat16  # the caller's own object again after the call
+        assert model.island.extra["g"].dtype == torch.bfloat16
+        tuner.detach(model)
+        with torch.autocast("cpu", torch.bfloat16):
+            h, g, k = model.a(x), model.b(x), model.c(x)
+        w = model.island.lin.weight
+        want = torch.nn.functional.linear(h.float() * k.float(), w, model.island.lin.bias) + \
+            torch.nn.functional.linear(g.float(), w)
+    assert out.dtype == torch.float32 and torch.equal(out, want)

@@ -108,3 +108,49 @@ def test_threads_give_the_sequential_outputs_bitwise(path, how, tmp_path):
         assert all(torch.equal(out, expected[i]) for out in got[i]), f"thread {i} computed another plan"
     with torch.no_grad():  # and the model is still as before after the threads
         assert all(torch.equal(model(x), e) for x, e in zip(inputs, expected, strict=True))
+
+
+def test_one_autocast_context_entered_by_two_threads_leaves_each_its_own_state():
+    """`with ctx:` from several threads (a decorated function served from a thread pool): each thread's exit puts
+    back its own autocast state, not the state of the thread that entered last. A enters inside its own
+    torch.autocast(fp16), B enters with none, A exits first: A must be back in fp16 autocast, B still in bf16."""
+    ctx = tuner.autocast("cpu", torch.bfloat16)  # torch's own lists: the fast path, torch.autocast itself
+    steps = [threading.Event() for _ in range(3)]
+    seen: dict[str, object] = {}
+    errors: list[BaseException] = []
+    a_in, b_in = torch.randn(4, 4), torch.randn(4, 4)
+
+    def thread_a() -> None:
+        try:
+            with torch.autocast("cpu", dtype=torch.float16):
+                with ctx:
+                    steps[0].set()
+                    steps[1].wait(10)
+                    seen["a inside"] = (a_in @ a_in).dtype
+                seen["a after"] = (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"),
+                                   (a_in @ a_in).dtype)
+            steps[2].set()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+            steps[2].set()
+
+    def thread_b() -> None:
+        try:
+            steps[0].wait(10)
+            with ctx:
+                steps[1].set()
+                steps[2].wait(10)
+                seen["b inside"] = (b_in @ b_in).dtype
+            seen["b after"] = (torch.is_autocast_enabled("cpu"), (b_in @ b_in).dtype)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    assert seen["a inside"] == torch.bfloat16 and seen["b inside"] == torch.bfloat16
+    assert seen["a after"] == (True, torch.float16, torch.float16)
+    assert seen["b after"] == (False, torch.float32)

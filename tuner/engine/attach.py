@@ -140,6 +140,16 @@ def native_device(pol: Policy) -> NativeDevice | None:
     return None
 
 
+class _Entered(threading.local):
+    """The torch.autocast objects one `tuner.autocast` on torch's own path has entered on this thread, innermost
+    last. torch.autocast keeps the state its exit puts back on the object: one object entered by two threads
+    (a decorated function served from a thread pool) would give the first thread to exit the state of the
+    last to enter. So every entry makes its own, kept per thread."""
+
+    def __init__(self) -> None:
+        self.stack: list[torch.autocast] = []
+
+
 class autocast:
     """Run ops in a lower precision by policy: `with tuner.autocast("hmp", dtype="bf16"): model(x)`.
 
@@ -184,7 +194,9 @@ class autocast:
         if self.native:
             if not plain or pol.native is None:
                 raise ConfigError("engine='torch' needs a torch-* preset and no overrides, recorder or verbose")
-            self._ctx: Any = torch.autocast(pol.native.value, dtype=lower)
+            self._native = (pol.native.value, lower)
+            self._entered = _Entered()
+            self._ctx: Any = None
         else:
             self._ctx = PrecisionEngine(pol, lower, root=model, module_overrides=mods,
                                         instance_overrides=instances, recorder=recorder, verbose=verbose_fn,
@@ -196,10 +208,18 @@ class autocast:
         return None if self.native else self._ctx
 
     def __enter__(self) -> autocast:
+        if self.native:  # a torch.autocast of this entry's own: it keeps the state to put back on exit
+            ctx = torch.autocast(self._native[0], dtype=self._native[1])
+            ctx.__enter__()
+            self._entered.stack.append(ctx)
+            return self
         self._ctx.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if self.native:
+            self._entered.stack.pop().__exit__(*exc)
+            return
         self._ctx.__exit__(*exc)
 
     def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:

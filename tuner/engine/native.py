@@ -142,7 +142,7 @@ def install(model: nn.Module, execution: Execution) -> Wrapped:
         if path == "" or any(_region_of(a, fp32_own, fp32_tree) is not region for a in ancestors):
             wrapped.append((module, module.__dict__.get("forward"), hook))
             module.forward = _region_forward(module.forward, region, execution.device, execution.dtype,
-                                             root=path == "")
+                                             root=path == "", subtree=tuple(module.modules()))
         elif hook is not None:
             wrapped.append((module, _UNCHANGED, hook))
         if path in execution.unnested:  # see the docstring
@@ -192,14 +192,20 @@ def uninstall(wrapped: Wrapped) -> None:
 
 
 def _region_forward(original: Callable[..., Any], region: _Region, device: str, lower: torch.dtype, *,
-                    root: bool) -> Callable[..., Any]:
+                    root: bool, subtree: tuple[nn.Module, ...]) -> Callable[..., Any]:
+    """`original` run in `region`. An FP32 region's inputs are cast to FP32 on the way in: its arguments, and the
+    attributes of its modules (`subtree`) a caller set to low-precision tensors (`_attributes_to_fp32`)."""
     if region is _Region.FP32:
         @functools.wraps(original)
         def fp32_forward(*args: Any, **kwargs: Any) -> Any:
             if not root and not torch.is_autocast_enabled(device):  # called in an FP32 region already
                 return original(*args, **kwargs)
-            with torch.autocast(device, enabled=False):
-                return original(*_to_fp32(args), **_to_fp32(kwargs))
+            swapped = _attributes_to_fp32(subtree)
+            try:
+                with torch.autocast(device, enabled=False):
+                    return original(*_to_fp32(args), **_to_fp32(kwargs))
+            finally:
+                _put_back(swapped)
 
         return fp32_forward
 
@@ -241,6 +247,37 @@ def _to_fp32(x: Any) -> Any:
     if isinstance(x, PackedSequence):  # a NamedTuple whose constructor checks its fields: only its data is cast
         return x._replace(data=_to_fp32(x.data))
     return tree_map(_leaf_to_fp32, x)
+
+
+# what every nn.Module holds in its __dict__ (parameters, buffers, children, hooks, flags): never an input
+_MODULE_STATE = frozenset(vars(nn.Module()))
+_Swapped = list[tuple[nn.Module, str, Any, Any]]  # (module, attribute, what the caller set, what the island saw)
+
+
+def _attributes_to_fp32(modules: tuple[nn.Module, ...]) -> _Swapped:
+    """Low-precision tensors a caller handed to an FP32 island as attributes of its modules (`self.island.ctx =
+    h` before `self.island(x)`, issue 34), set to their FP32 casts for the island's call; `_put_back` restores
+    the caller's objects after it. An input is an input however it is passed: as an argument it is cast by
+    `_to_fp32`, so as an attribute too (by the same structure rules); the module's own state is left alone."""
+    swapped: _Swapped = []
+    for module in modules:
+        for name, value in vars(module).items():
+            if name in _MODULE_STATE or not isinstance(value, torch.Tensor | tuple | list | dict) \
+                    and not _is_dataclass(value):
+                continue
+            cast = _to_fp32(value)
+            if cast is not value:
+                swapped.append((module, name, value, cast))
+    for module, name, _, cast in swapped:
+        module.__dict__[name] = cast
+    return swapped
+
+
+def _put_back(swapped: _Swapped) -> None:
+    """The caller's attribute objects back, where the island's forward did not replace them with its own."""
+    for module, name, value, cast in swapped:
+        if module.__dict__.get(name) is cast:
+            module.__dict__[name] = value
 
 
 def _leaf_to_fp32(leaf: Any) -> Any:

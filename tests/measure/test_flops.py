@@ -1,10 +1,12 @@
 """FLOP counts: the recorded (Python-level) count of a forward is the ATen-level count of what runs (issue 34)."""
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tuner.engine.attach import attach, detach
 from tuner.measure.deployed import GEMMS
 from tuner.measure.flops import aten_flops, op_flops
 from tuner.measure.recorded import record_plan
@@ -70,3 +72,54 @@ def test_conv_and_transposed_conv_count_alike_at_both_levels():
     recorded = record_plan(model, Plan(), (x,)).shares
     aten = _aten_count(model, x)
     assert recorded.flops == aten[True] + aten[False] > 0
+
+
+def _deployed_count(model: nn.Module, plan: Plan, x: torch.Tensor) -> dict[bool, int]:
+    """`_aten_count` of the model with `plan` attached as `tuner.load` attaches it (the deployed forward)."""
+    attach(model, plan)
+    try:
+        return _aten_count(model, x)
+    finally:
+        detach(model)
+
+
+class Calls(nn.Module):
+    """Matmul-like ops that ATen runs as other calls (mm, dot, _trilinear, conv_tbc), on weights of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Parameter(torch.randn(6, 5)), nn.Parameter(torch.randn(5, 9))
+        self.c, self.v = nn.Parameter(torch.randn(9, 4)), nn.Parameter(torch.randn(4))
+        self.bil = nn.Bilinear(6, 6, 3)
+        self.tbc = nn.Parameter(torch.randn(3, 6, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: 4 x 6
+        y = torch.tensordot(x, self.a, dims=1).sum() + torch.inner(x, self.a.T).sum()
+        y = y + torch.linalg.multi_dot([x, self.a, self.b, self.c]).sum() + torch.linalg.matmul(x, self.a).sum()
+        y = y + torch.linalg.multi_dot([x[0], self.a, self.b, self.c, self.v]) + torch.chain_matmul(x, self.a).sum()
+        y = y + torch.tensordot(x[:, :2], self.c, dims=0).sum() + self.bil(x, x).sum()
+        return y + torch.conv_tbc(x[:, None, :].repeat(1, 2, 1), self.tbc, self.v, 1).sum()
+
+
+def test_bilinear_conv_tbc_and_chains_count_every_multiply_add():
+    x1, x2, w = torch.randn(4, 6), torch.randn(4, 5), torch.randn(3, 6, 5)
+    assert op_flops("bilinear", (x1, x2, w), {}, torch.nn.functional.bilinear(x1, x2, w)) == 2 * 4 * 3 * 6 * 5
+    x, k = torch.randn(7, 2, 6), torch.randn(3, 6, 4)
+    assert op_flops("conv_tbc", (x, k, torch.zeros(4), 1), {}, torch.conv_tbc(x, k, torch.zeros(4), 1)) == \
+        2 * (7 * 2 * 4) * 3 * 6  # padding 1: 7 output steps
+    a, b, c = torch.randn(10, 100), torch.randn(100, 5), torch.randn(5, 50)  # (ab)c: 5000 + 2500 multiply-adds
+    assert op_flops("linalg_multi_dot", ([a, b, c],), {}, a @ b @ c) == 2 * (10 * 100 * 5 + 10 * 5 * 50)
+
+
+@pytest.mark.filterwarnings("ignore:torch.chain_matmul is deprecated")
+def test_composite_matmuls_count_at_the_python_level_what_aten_runs():
+    """tensordot, inner, linalg.matmul, multi_dot and chain_matmul run as ATen mm/dot calls: the recorded count
+    had 0 FLOPs for them. bilinear (ATen `_trilinear`) and conv_tbc were counted with the wrong weight
+    dimensions, and as no ATen matmul at all. Whatever the plan, both levels now count the same FLOPs."""
+    torch.manual_seed(0)
+    model, x = Calls().eval(), torch.randn(4, 6)
+    for plan in (Plan(), Plan(dtype="fp16")):
+        recorded = record_plan(model, plan, (x,)).shares
+        aten = _deployed_count(model, plan, x)
+        assert recorded.flops == aten[True] + aten[False] > 0
+        assert recorded.lower_flops == aten[True] > 0

@@ -40,7 +40,7 @@ GEMMS = frozenset({
     "_transformer_encoder_layer_fwd", "_native_multi_head_attention", "_scaled_dot_product_flash_attention",
     "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_cudnn_attention", "_int_mm", "_scaled_mm", "mkldnn_rnn_layer", "_thnn_fused_lstm_cell",
-    "_thnn_fused_gru_cell", "_cudnn_rnn",
+    "_thnn_fused_gru_cell", "_cudnn_rnn", "conv_tbc", "_trilinear",
 })
 _CASTS = frozenset({"_to_copy", "_autocast_to_reduced_precision"})
 _FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)

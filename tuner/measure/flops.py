@@ -10,7 +10,11 @@ from torch import Tensor
 MATMUL_OPS = frozenset({"linear", "matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "mv", "dot",
                         "addmm", "baddbmm", "addbmm", "addmv", "einsum", "scaled_dot_product_attention",
                         "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
-                        "conv_transpose3d", "conv_tbc", "bilinear"})
+                        "conv_transpose3d", "conv_tbc", "bilinear",
+                        # composites that ATen runs as mm/dot calls (issue 34: their FLOPs counted there only)
+                        "linalg_matmul", "tensordot", "inner", "linalg_multi_dot", "chain_matmul"})
+_PRODUCTS = frozenset({"tensordot", "inner"})  # one contraction, no batch dimensions
+_CHAINS = frozenset({"linalg_multi_dot", "chain_matmul"})
 RNN_OPS = frozenset({"lstm", "gru", "rnn_tanh", "rnn_relu", "mkldnn_rnn_layer"})
 
 
@@ -26,44 +30,85 @@ def first_tensor(x: Any) -> Tensor | None:
     return None
 
 
+_CONVS = frozenset({"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+                    "conv_tbc"})
+
+
 def op_flops(op: str, args: tuple, kwargs: dict, out: Any) -> int:
-    """FLOPs of one call of a matmul/conv-like op or a recurrent layer; 0 for other ops (memory-bound)."""
+    """FLOPs of one call of a matmul/conv-like op or a recurrent layer; 0 for other ops (memory-bound).
+
+    Each count is what the ATen calls the op runs as count (`aten_flops`), so a report's share, counted here
+    at the Python level, is the share the deployed model's kernels compute (issue 34)."""
     if op in RNN_OPS:
         return _rnn_flops(args)
     if op not in MATMUL_OPS:
         return 0
-    if op == "einsum":
-        try:
-            return _einsum_flops(args, kwargs)
-        except (IndexError, RuntimeError, KeyError):
-            return 0
-    o = first_tensor(out)
     tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, Tensor)]
-    if o is None or not tensors:
-        return 0
     try:
-        if op in ("linear", "bilinear"):
-            w = tensors[1] if len(tensors) > 1 else tensors[0]
-            return 2 * o.numel() * int(w.shape[-1])
-        if op in ("addmm", "baddbmm", "addbmm", "addmv"):
-            a = tensors[1]
-            return 2 * o.numel() * int(a.shape[-1]) * (int(a.shape[0]) if op == "addbmm" else 1)
-        if op in ("matmul", "__matmul__", "mm", "bmm", "mv", "dot"):
-            return 2 * o.numel() * int(tensors[0].shape[-1]) if tensors[0].dim() > 0 else 0
-        if op == "__rmatmul__":
-            return 2 * o.numel() * int(tensors[1].shape[-1]) if len(tensors) > 1 else 0
-        if op.startswith("conv_transpose"):
-            x, w = tensors[0], tensors[1]
-            return 2 * x.numel() * int(w.shape[1]) * math.prod(int(s) for s in w.shape[2:])
-        if op.startswith("conv"):
-            w = tensors[1]
-            return 2 * o.numel() * math.prod(int(s) for s in w.shape[1:])
-        if op == "scaled_dot_product_attention":
-            q, k = tensors[0], tensors[1]
-            return 4 * math.prod(int(s) for s in q.shape[:-1]) * int(k.shape[-2]) * int(q.shape[-1])
-    except (IndexError, RuntimeError):
+        if op == "einsum":
+            return _einsum_flops(args, kwargs)
+        if op in _CHAINS:
+            return _chain_flops([t for a in (*args, *kwargs.values())
+                                 for t in (a if isinstance(a, (list, tuple)) else (a,)) if isinstance(t, Tensor)])
+        o = first_tensor(out)
+        if o is None or not tensors:
+            return 0
+        return _matmul_flops(op, tensors, o) if op not in _CONVS else _conv_flops(op, tensors, o)
+    except (IndexError, RuntimeError, KeyError):
         return 0
+
+
+def _matmul_flops(op: str, tensors: list[Tensor], o: Tensor) -> int:
+    """op_flops of a matmul-like op other than einsum and the chains: `tensors` its tensor arguments in order,
+    `o` its output."""
+    if op == "linear":
+        return 2 * o.numel() * int(tensors[1].shape[-1] if len(tensors) > 1 else tensors[0].shape[-1])
+    if op == "bilinear":  # bilinear(x1, x2, weight[out, in1, in2]): ATen's _trilinear, in1 * in2 per output
+        return 2 * o.numel() * math.prod(int(s) for s in tensors[2].shape[1:])
+    if op in ("addmm", "baddbmm", "addbmm", "addmv"):
+        a = tensors[1]
+        return 2 * o.numel() * int(a.shape[-1]) * (int(a.shape[0]) if op == "addbmm" else 1)
+    if op in ("matmul", "linalg_matmul", "__matmul__", "mm", "bmm", "mv", "dot"):
+        return 2 * o.numel() * int(tensors[0].shape[-1]) if tensors[0].dim() > 0 else 0
+    if op == "__rmatmul__":
+        return 2 * o.numel() * int(tensors[1].shape[-1]) if len(tensors) > 1 else 0
+    if op in _PRODUCTS:  # (m x k) by (k x n) as one mm (or dot): k is sqrt(|a| |b| / |out|)
+        a, b = tensors[0], tensors[1]
+        if a.dim() == 0 or b.dim() == 0 or o.numel() == 0:
+            return 0
+        return 2 * o.numel() * math.isqrt(a.numel() * b.numel() // o.numel())
+    if op == "scaled_dot_product_attention":
+        q, k = tensors[0], tensors[1]
+        return 4 * math.prod(int(s) for s in q.shape[:-1]) * int(k.shape[-2]) * int(q.shape[-1])
     return 0
+
+
+def _conv_flops(op: str, tensors: list[Tensor], o: Tensor) -> int:
+    """op_flops of a convolution: 2 per multiply-add, each output element of a (grouped) convolution taking
+    one weight slice; a transposed one counted from its input, as ATen's `convolution` is."""
+    x, w = tensors[0], tensors[1]
+    if op == "conv_tbc":  # input (time, batch, in), weight (kernel, in, out)
+        return 2 * o.numel() * int(w.shape[0]) * int(w.shape[1])
+    if op.startswith("conv_transpose"):
+        return 2 * x.numel() * int(w.shape[1]) * math.prod(int(s) for s in w.shape[2:])
+    return 2 * o.numel() * math.prod(int(s) for s in w.shape[1:])
+
+
+def _chain_flops(matrices: list[Tensor]) -> int:
+    """torch.linalg.multi_dot / chain_matmul: the mm calls of the cheapest order, which torch picks (a 1-d first
+    or last operand is a row or column vector); 2 per multiply-add, the usual matrix-chain cost."""
+    n = len(matrices)
+    if n < 2:
+        return 0
+    shapes = [(int(m.shape[0]), int(m.shape[1])) if m.dim() == 2 else (1, int(m.shape[0])) if i == 0
+              else (int(m.shape[0]), 1) for i, m in enumerate(matrices)]
+    dims = [shapes[0][0]] + [c for _, c in shapes]
+    cost = [[0] * n for _ in range(n)]
+    for span in range(1, n):
+        for i in range(n - span):
+            j = i + span
+            cost[i][j] = min(cost[i][k] + cost[k + 1][j] + dims[i] * dims[k + 1] * dims[j + 1] for k in range(i, j))
+    return 2 * cost[0][n - 1]
 
 
 def _einsum_flops(args: tuple, kwargs: dict) -> int:
@@ -144,6 +189,10 @@ def aten_flops(op: str, args: tuple, kwargs: dict, out: Any) -> int:
             return 2 * o.numel() * math.prod(int(s) for s in w.shape[1:]) if o is not None else 0
         if op == "mkldnn_convolution":
             return 2 * o.numel() * math.prod(int(s) for s in a[1].shape[1:]) if o is not None else 0
+        if op == "conv_tbc":  # (input, weight[kernel, in, out], bias, pad)
+            return 2 * o.numel() * int(a[1].shape[0]) * int(a[1].shape[1]) if o is not None else 0
+        if op == "_trilinear":
+            return _trilinear_flops(a, o)
         if op.startswith("_scaled_dot_product"):
             q, k = a[0], a[1]
             return 4 * math.prod(int(s) for s in q.shape[:-1]) * int(k.shape[-2]) * int(q.shape[-1])
@@ -163,6 +212,21 @@ def aten_flops(op: str, args: tuple, kwargs: dict, out: Any) -> int:
     except (IndexError, RuntimeError, AttributeError, TypeError):
         return 0
     return 0
+
+
+def _trilinear_flops(a: list, o: Tensor | None) -> int:
+    """aten._trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, ...), what F.bilinear runs as: each output
+    element sums over the `sumdim` dimensions of the three inputs, each unsqueezed at its `expand` positions."""
+    if o is None:
+        return 0
+    sizes: dict[int, int] = {}
+    for t, expand in zip(a[:3], a[3:6], strict=True):
+        shape = [int(s) for s in t.shape]
+        for d in sorted(int(e) for e in expand):
+            shape.insert(d, 1)
+        for d, size in enumerate(shape):
+            sizes[d] = max(sizes.get(d, 1), size)
+    return 2 * o.numel() * math.prod(sizes[int(d)] for d in a[6])
 
 
 def _attention_flops(q: Tensor, k: Tensor, e: int) -> int:

@@ -181,6 +181,7 @@ class Ctx:
     env: dict[str, str]
     background: list[subprocess.Popen] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    facts: dict = field(default_factory=dict)  # what a setup learnt, for the case's note and check
 
     def p(self, rel: str) -> Path:
         return self.tmp / rel
@@ -226,6 +227,8 @@ class Case:
     note: Callable[[Ctx, Run], str] | None = None  # extra facts for the table, after the command
     cmd: Sequence[str] | None = None  # a whole command line instead of `python -m mpt_cli` (argv still appended)
     shown: str | None = None  # how to show `cmd` in the table
+    # after the command: why the case failed although its exit code is the expected one (None: it did not)
+    check: Callable[[Ctx, Run], str | None] | None = None
 
 
 def _child_signals() -> None:
@@ -872,6 +875,14 @@ def run_case(case: Case, timeout: float) -> dict:
                 notes.append(case.note(ctx, run))
             except Exception as exc:  # noqa: BLE001 - a note must not lose the row
                 notes.append(f"(note failed: {type(exc).__name__}: {exc})")
+        if case.check is not None:
+            try:
+                problem = case.check(ctx, run)
+            except Exception as exc:  # noqa: BLE001 - a check that breaks fails its case, not the battery
+                problem = f"check failed: {type(exc).__name__}: {exc}"
+            if problem:
+                row["problem"] = problem
+                notes.insert(0, f"FAILED: {problem}")
         if run.rc is None:
             notes.insert(0, f"TIMED OUT after {timeout:g} s")
         line = first_line(run.stderr) or first_line(run.stdout)
@@ -896,10 +907,11 @@ def run_all(selected: list[tuple[int, Case]], timeout: float) -> list[dict]:
         print(f"[{n:2d}] {case.name} ...", end="", file=sys.stderr, flush=True)
         row = run_case(case, timeout)
         row["n"] = n
-        row["ok"] = row["rc"] in (case.expect if isinstance(case.expect, tuple) else (case.expect,))
+        row["ok"] = row["rc"] in (case.expect if isinstance(case.expect, tuple) else (case.expect,)) \
+            and not row.get("problem")
         rows.append(row)
-        print(f" exit {row['rc']} ({'ok' if row['ok'] else 'expected ' + str(case.expect)}) {row['seconds']:.1f}s",
-              file=sys.stderr, flush=True)
+        verdict = "ok" if row["ok"] else "FAILED its check" if row.get("problem") else f"expected {case.expect}"
+        print(f" exit {row['rc']} ({verdict}) {row['seconds']:.1f}s", file=sys.stderr, flush=True)
     return rows
 
 
@@ -937,10 +949,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"| {r['n']} | {cell(r['case'], None)} | `{r['command']}` | {rc}{mark} | {exp} | {r['seconds']:.1f} | "
               f"{r['line']} | {r['note']} |")
     bad = [r for r in rows if not r["ok"]]
-    print(f"\n**{len(bad)} of {len(rows)} cases exited with another code than expected.**")
+    print(f"\n**{len(bad)} of {len(rows)} cases exited with another code than expected, or failed their check.**")
     for r in bad:
         exp = "/".join(map(str, r["expect"])) if isinstance(r["expect"], tuple) else str(r["expect"])
-        print(f"- #{r['n']} {r['case']}: exit {r['rc']}, expected {exp}: {r['line'] or r['note']}")
+        why = r.get("problem") or r["line"] or r["note"]
+        print(f"- #{r['n']} {r['case']}: exit {r['rc']}, expected {exp}: {why}")
     return 0
 
 

@@ -32,3 +32,28 @@ def test_an_encoder_with_a_padding_mask_runs_its_lowered_layers_unnested_as_stor
     valid = ~mask
     assert (out[valid] - ref[valid]).abs().max() < 0.1 and out.dtype == torch.float32
     assert model.use_nested_tensor and model.forward.__func__ is torch.nn.TransformerEncoder.forward
+
+
+def test_the_layers_whose_fused_fast_path_the_plan_turns_off_are_named_and_said():
+    """Issue 34: an attached plan turns torch's fused encoder-layer path off (a hook) in every layer outside an
+    FP32 module override, so a user who timed the FP32 model on that path learns why the tuned one is not on it:
+    `Execution.unfused` names them and `describe()` (report.json's summary, a report.md row) says so."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    model = torch.nn.Sequential(torch.nn.TransformerEncoder(layer, 2), torch.nn.TransformerEncoderLayer(
+        16, 2, 32, dropout=0.0, batch_first=True), torch.nn.MultiheadAttention(16, 2, batch_first=True)).eval()
+    tuner.attach(model, Plan(dtype="bf16", preset="torch-cpu"))
+    try:
+        ex = tuner.attached(model)
+        assert ex is not None and ex.unfused == ("0.layers.0", "0.layers.1", "1") and ex.unnested == ("0",)
+        assert "fused fast path off in 3 nn.TransformerEncoderLayer(s)" in ex.describe()
+        assert all(model.get_submodule(p)._forward_pre_hooks for p in ex.unfused)
+    finally:
+        tuner.detach(model)
+    assert not any(m._forward_pre_hooks for m in model.modules())
+    tuner.attach(model, Plan(dtype="bf16", preset="torch-cpu", modules={"0": "fp32", "1": "fp32"}))
+    try:
+        ex = tuner.attached(model)
+        assert ex is not None and ex.unfused == () and ex.fast_paths() == ""  # all FP32 there: torch's path runs
+    finally:
+        tuner.detach(model)

@@ -7,6 +7,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+import tuner
 from tuner import OpInstance, Plan
 from tuner.measure.deployed import NotAsClaimed, gemm_mismatches, observe, stored_as, verify, weight_dtypes
 from tuner.report.checkpoint import check_checkpoint, plan_pass, save_checkpoint, verify_plan_pass
@@ -112,3 +113,60 @@ def test_a_forward_that_draws_random_numbers_is_compared_with_the_same_draws(tmp
     state = torch.random.get_rng_state()
     check_checkpoint(model, Plan(), (x,), tmp_path / "model.safetensors", planned.lowered)
     assert torch.equal(torch.random.get_rng_state(), state)  # the user's generator is left as it was
+
+
+def _encoder() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    model = nn.TransformerEncoder(layer, 2, enable_nested_tensor=True).eval()
+    mask = torch.zeros(3, 6, dtype=torch.bool)
+    mask[1:, 4:] = True
+    return model, torch.randn(3, 6, 16), mask
+
+
+class OwnFP32Region(nn.Module):
+    """An encoder the model runs inside its own `torch.autocast(enabled=False)`: all FP32 whatever the plan."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = _encoder()[0]
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x, mask):
+        with torch.autocast("cpu", enabled=False):
+            h = self.enc(x, src_key_padding_mask=mask)
+        return self.head(h)
+
+
+def _self_attention_fp32(layers: int) -> Plan:
+    ops = (("linear", 0), ("linear", 1), ("scaled_dot_product_attention", 0))
+    return Plan(fp32_instances=tuple(OpInstance(f"layers.{k}.self_attn", op, i) for k in range(layers)
+                                     for op, i in ops))
+
+
+@pytest.mark.parametrize("case", ["self-attention FP32, the rest lowered", "inside the model's own FP32 region"])
+def test_an_encoder_that_stays_nested_runs_what_the_plan_claims_and_the_stored_model_gives_its_bits(case):
+    """Issue 34: with every layer's self-attention FP32 (or all of the encoder FP32 by the model's own
+    autocast block) no layer refuses the NestedTensor the encoder makes of a padded input, and the layers, their
+    fused fast path off, run on it unfused: MultiheadAttention's fused kernel and NestedTensor linears, which
+    reach the dispatcher as `linear`, not `addmm`. They are the deployed path, so the claims check must count
+    them (it reported `ran in none` for linear1/linear2: an internal error) and the model stored as
+    `tuner.load` stores it must give the trial's bits."""
+    if case.startswith("self"):
+        model, x, mask = _encoder()
+        plan, linear = _self_attention_fp32(2), "layers.0.linear1"
+    else:
+        model, (_, x, mask) = OwnFP32Region().eval(), _encoder()
+        plan, linear = Plan(), "enc.layers.0.linear1"
+    inputs = (x, None, mask) if case.startswith("self") else (x, mask)
+    planned = plan_pass(model, plan, inputs)
+    trial = verify(model, plan, inputs, planned.lowered, planned.claimed, planned.tolerated)  # no NotAsClaimed
+    assert trial.gemms[linear] == planned.claimed[linear] == ({BF16} if case.startswith("self") else {FP32})
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # what tuner.load builds: these stored lowered, the plan attached
+            p.data = p.data.to(planned.lowered.get(name, p.dtype))
+        tuner.attach(model, plan)
+        try:
+            assert torch.equal(model(*inputs), trial.output)
+        finally:
+            tuner.detach(model)

@@ -60,16 +60,27 @@ class Execution:
     python_modules: tuple[str, ...] = ()  # modules under mpt's engine on the scoped path
     unnested: tuple[str, ...] = ()  # nn.TransformerEncoders that fall back from the nested-tensor path (`install`)
     reason: str = ""  # why the plan is not native, when it is not
+    unfused: tuple[str, ...] = ()  # nn.TransformerEncoderLayers whose fused fast path is off (`install`)
 
     def describe(self) -> str:
         if self.path is ExecutionPath.NATIVE:
             parts = [f"{len(self.fp32_islands)} FP32 island(s)"] if self.fp32_islands else []
             parts += [f"{len(self.fp32_subtrees)} FP32 subtree(s)"] if self.fp32_subtrees else []
             extra = f" with {', '.join(parts)}" if parts else ""
-            return f"native: torch.autocast({self.device}, {short(self.dtype)}){extra}"
+            fast = self.fast_paths()
+            return f"native: torch.autocast({self.device}, {short(self.dtype)}){extra}" + (f"; {fast}" if fast else "")
         if self.path is ExecutionPath.SCOPED:
             return f"scoped: torch.autocast, mpt's engine in {len(self.python_modules)} module(s) ({self.reason})"
         return f"python: mpt's engine for every op ({self.reason})"
+
+    def fast_paths(self) -> str:
+        """What the plan turns off of torch's fused fast paths, in words ("" when nothing): a user who timed
+        the FP32 model on them must be told why the tuned one does not take them (`install`)."""
+        parts = [f"fused fast path off in {len(self.unfused)} nn.TransformerEncoderLayer(s)"] if self.unfused else []
+        if self.unnested:
+            parts.append(f"{len(self.unnested)} nn.TransformerEncoder(s) unnested where a layer refuses the "
+                         "NestedTensor")
+        return "; ".join(parts)
 
 
 class _Region(enum.Enum):
@@ -93,8 +104,10 @@ def realize(model: nn.Module, device: str, lower: torch.dtype, module_overrides:
     islands = sorted({key[0] for key in instance_overrides if key[0] in known and key[0] not in inside})
     unnested = sorted(p for p, m in model.named_modules() if isinstance(m, nn.TransformerEncoder) and p not in inside
                       and getattr(m, "use_nested_tensor", False))
+    unfused = sorted(p for p, m in model.named_modules() if isinstance(m, nn.TransformerEncoderLayer)
+                     and p not in inside)
     return Execution(ExecutionPath.NATIVE, device, lower, tuple(islands), tuple(sorted(subtrees)),
-                     unnested=tuple(unnested))
+                     unnested=tuple(unnested), unfused=tuple(unfused))
 
 
 # (module, the forward it had in its __dict__ before or None or _UNCHANGED, the hook install added or None)
@@ -117,14 +130,20 @@ def install(model: nn.Module, execution: Execution) -> Wrapped:
     does nothing: torch's fused fast path (`nn.TransformerEncoderLayer` in eval mode with no grad) runs the
     whole layer as one FP32 kernel that reads its children's weights directly, which torch.autocast on CPU
     does not lower, so the layer would not run what the plan says (its children low); the fast path
-    stands down when a module of the layer has hooks. Under an FP32 module override it may run: all FP32.
+    stands down when a module of the layer has hooks (`Execution.unfused` lists these layers, and
+    `describe()` says so). Under an FP32 module override it may run: all FP32. An FP32 region the model opens
+    itself (`torch.autocast(enabled=False)`) is no override: mpt cannot see it before the call, so the fast
+    path stays off there too, and such a layer runs unfused in FP32 as the trials ran it.
 
     An `nn.TransformerEncoder` given a padding mask turns its input into a NestedTensor when its first layer
     looks fit for the fused path (CPU autocast does not stop it), and a layer that then cannot take that path
     (its weights stored lowered) fails on the NestedTensor (issue 34). Outside FP32 subtrees such an encoder
     (`Execution.unnested`) runs as torch runs it and, where a layer refuses the
     NestedTensor, again without nesting: its padded positions are then computed as unfused layers compute
-    them, not zeros, as in any model whose layers cannot fuse.
+    them, not zeros, as in any model whose layers cannot fuse. Where every layer takes the NestedTensor (their
+    self-attention's weights FP32: an FP32 island, or a region the model keeps FP32 itself) the encoder stays
+    nested and its unfused layers run on the NestedTensor (MultiheadAttention's fused kernel, NestedTensor
+    linears), in the trials as after `tuner.load`: `tuner.measure.deployed` counts those linears as matmuls.
     """
     assert execution.path is ExecutionPath.NATIVE and execution.device and execution.dtype
     fp32_own = set(execution.fp32_islands)
@@ -136,7 +155,7 @@ def install(model: nn.Module, execution: Execution) -> Wrapped:
             continue
         seen.add(id(module))
         region = _region_of(path, fp32_own, fp32_tree)
-        fused = path in fp32_own or (region is _Region.LOW and isinstance(module, nn.TransformerEncoderLayer))
+        fused = path in fp32_own or path in execution.unfused
         hook = module.register_forward_pre_hook(_no_fast_path) if fused else None
         ancestors = [path.rsplit(".", k)[0] for k in range(1, path.count(".") + 1)] + ([""] if path else [])
         if path == "" or any(_region_of(a, fp32_own, fp32_tree) is not region for a in ancestors):

@@ -34,7 +34,11 @@ from tuner.policy.opnames import is_communication
 from tuner.policy.plan import Plan
 
 # ATen ops that multiply matrices or convolve (the work whose precision a plan decides), fused ones included.
+# `linear` and `matmul` reach a dispatch mode only on a NestedTensor (whose own kernels they are; on a plain
+# tensor they decompose into mm/addmm/bmm first): the layers of an nn.TransformerEncoder that nested its
+# padded input, when their fused fast path is off (`tuner.engine.native.install`), run them so (issue 34).
 GEMMS = frozenset({
+    "linear", "matmul",
     "mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "convolution", "_convolution",
     "convolution_overrideable", "mkldnn_convolution", "_mkldnn_linear", "mkldnn_linear", "_addmm_activation",
     "_transformer_encoder_layer_fwd", "_native_multi_head_attention", "_scaled_dot_product_flash_attention",

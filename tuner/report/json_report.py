@@ -58,7 +58,8 @@ def _trial(t: Trial) -> dict[str, Any]:
 
 def _execution(ex: Execution) -> dict[str, Any]:
     return {"path": ex.path.value, "summary": ex.describe(), "fp32_islands": list(ex.fp32_islands),
-            "fp32_subtrees": list(ex.fp32_subtrees), "python_modules": list(ex.python_modules)}
+            "fp32_subtrees": list(ex.fp32_subtrees), "python_modules": list(ex.python_modules),
+            "unfused": list(ex.unfused), "unnested": list(ex.unnested)}
 
 
 def _phases(result: TuneResult, report: TuneReport) -> dict[str, dict[str, float]]:

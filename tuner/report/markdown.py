@@ -41,6 +41,8 @@ def report_markdown(result: TuneResult, report: TuneReport, out: Path) -> str:
              f"| FP32 op instances | {n_fp32} of {len(result.candidates)} |"]
     if report.latency is not None:
         lines.append(f"| forward | {report.latency.text()} |")
+    if report.execution.fast_paths():  # the FP32 model may have timed faster on them: say why they are off
+        lines.append(f"| torch fast paths | {_cell(report.execution.fast_paths())} |")
     if result.stopped:
         lines.append(f"| cut short | {result.stopped.value} |")
     lines.append(f"| run | {facts.created}, {facts.time_text()} |")

@@ -18,6 +18,10 @@ share its harness. Every case is named `i34 <class>: ...`, the classes in order:
 - `islands`: every container kind (NamedTuple, dataclass frozen or not, OrderedDict, defaultdict, deque,
   nestings of them, keyword arguments, attributes the caller sets on the island before calling it) carrying low-precision tensors into a module the plan keeps FP32 (its
   `cdist(x + 1000, p + 1000)` is fragile in bf16/fp16, so the search keeps it FP32).
+- `composites`: ATen composites whose inside torch.autocast sees, not the op: nn.GRUCell, nn.LSTMCell and
+  nn.RNNCell (tanh, relu) fed a lowered activation (their gate matmuls run low under torch.autocast, the cell op
+  itself is on no CPU list), torch.inner of two 1-d tensors (ATen `dot`, not lowered on CPU), and torch.tensordot
+  and F.bilinear given a lowered activation and an FP32 parameter; each tune followed by `mpt check --checkpoint`.
 - `resume`: a tune stopped at each of its phases (the baseline, finding the candidates, the all-low trial, the
   ranking, search trial k for the first, middle and last k, the result, measuring the report, renaming the
   outputs into place) by SIGINT or SIGTERM, or killed (SIGKILL, `os._exit` in evaluate), then
@@ -625,6 +629,57 @@ def replay_note(ctx: Ctx, run: Run) -> str:
             f"(uninterrupted: {f.get('n')})")
 
 
+# --- composites: ops torch.autocast lowers inside, or not at all, whatever their Python-level name -----------------
+CELL_MODEL = """\
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.cell = %(cell)s
+        self.head = nn.Linear(16, 4)
+    def forward(self, x):
+        h = torch.zeros(x.shape[0], 16)
+        %(init)s
+        for t in range(3):
+            %(step)s
+        return self.head(h)
+def build_model():
+    torch.manual_seed(0)
+    return Model().eval()
+"""
+CELLS = {
+    "nn.GRUCell": {"cell": "nn.GRUCell(16, 16)", "init": "pass",
+                   "step": "h = self.cell(torch.tanh(self.a(x + t)), h)"},
+    "nn.LSTMCell": {"cell": "nn.LSTMCell(16, 16)", "init": "c = h",
+                    "step": "h, c = self.cell(torch.tanh(self.a(x + t)), (h, c))"},
+    "nn.RNNCell tanh": {"cell": "nn.RNNCell(16, 16)", "init": "pass",
+                        "step": "h = self.cell(torch.tanh(self.a(x + t)), h)"},
+    "nn.RNNCell relu": {"cell": "nn.RNNCell(16, 16, nonlinearity='relu')", "init": "pass",
+                        "step": "h = self.cell(torch.tanh(self.a(x + t)), h)"},
+}
+PRODUCT_MODEL = """\
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(16, %(width)d)
+        self.w = nn.Parameter(torch.randn(%(shape)s) / 4)
+    def forward(self, x):
+        h = self.a(x)
+        return %(use)s
+def build_model():
+    torch.manual_seed(0)
+    return Model().eval()
+"""
+PRODUCTS = {
+    "torch.inner of two 1-d tensors": {
+        "width": 16, "shape": "16", "use": "torch.stack([torch.inner(h[i].float(), self.w) for i in range(len(h))])"},
+    "torch.tensordot of a lowered activation and an FP32 parameter": {"width": 16, "shape": "16, 4",
+                                                                      "use": "torch.tensordot(h, self.w, dims=1)"},
+    "F.bilinear of a lowered activation and an FP32 input": {"width": 8, "shape": "4, 8, 16",
+                                                             "use": "F.bilinear(h, x, self.w)"},
+}
+
+
 # --- the cases --------------------------------------------------------------------------------------------------------
 def issue34_cases(fb: ModuleType) -> list:
     Case, tune, T = fb.Case, fb.tune, "{T}"
@@ -677,6 +732,16 @@ def issue34_cases(fb: ModuleType) -> list:
             add(Case(f"i34 islands: {name} into an FP32 island, {dtype}", tune(f"{T}/m.py", "--dtype", dtype, *Q), 0,
                      {"m.py": src(HEADER, ISLAND_MODEL % {"params": params, "unpack": unpack, "pack": pack})},
                      note=loads))
+
+    # --- composites --------------------------------------------------------------------------------------------------
+    composites = {name: CELL_MODEL % parts for name, parts in CELLS.items()}
+    composites.update({name: PRODUCT_MODEL % parts for name, parts in PRODUCTS.items()})
+    for name, model in composites.items():
+        for dtype in ("bf16", "fp16"):
+            add(Case(f"i34 composites: {name}, {dtype}, then check --checkpoint",
+                     tune(f"{T}/m.py", "--dtype", dtype, "--no-latency", "--tolerance", "1e-6"), (0, 3),
+                     {"m.py": src(HEADER, model)}, cmd=[fb.PY, "-c", TUNE_CHECK],
+                     shown="mpt tune ... && mpt check $TMP/out --checkpoint:", note=loads))
 
     # --- resume -----------------------------------------------------------------------------------------------------
     R = ("--no-latency",)

@@ -34,6 +34,14 @@ def lstm(**kw):
     return lambda x: module(x)
 
 
+def cell(kind, **kw):
+    """An nn.GRUCell/LSTMCell/RNNCell as a callable: ATen composites whose `linear` calls torch.autocast lowers."""
+    with torch.random.fork_rng():
+        torch.manual_seed(2)
+        module = kind(8, 16, **kw)
+    return lambda *a: module(*a)
+
+
 # (list the op belongs to, case name, callable, args) -- fp32 inputs for lower ops, bf16 inputs for fp32 ops.
 B = torch.bfloat16
 CASES = [
@@ -62,6 +70,17 @@ CASES = [
     ("lower", "scaled_dot_product_attention", F.scaled_dot_product_attention, (r(1, 2, 4, 8), r(1, 2, 4, 8), r(1, 2, 4, 8))),
     ("lower", "einsum", lambda a, b: torch.einsum("ij,jk->ik", a, b), (r(3, 4), r(4, 5))),
     ("lower", "tensordot", lambda a, b: torch.tensordot(a, b, dims=1), (r(3, 4), r(4, 5))),
+    # recurrent cells: lowered inside (their two addmm), the gate arithmetic in the dtypes that gives (issue 34)
+    ("lower", "gru_cell", cell(torch.nn.GRUCell), (r(4, 8), r(4, 16))),
+    ("lower", "gru_cell-bf16-input", cell(torch.nn.GRUCell), (r(4, 8, dtype=B), r(4, 16))),
+    ("lower", "gru_cell-unbatched", cell(torch.nn.GRUCell, bias=False), (r(8), r(16))),
+    ("lower", "lstm_cell", cell(torch.nn.LSTMCell), (r(4, 8), (r(4, 16), r(4, 16)))),
+    ("lower", "rnn_tanh_cell", cell(torch.nn.RNNCell), (r(4, 8), r(4, 16))),
+    ("lower", "rnn_relu_cell", cell(torch.nn.RNNCell, nonlinearity="relu"), (r(4, 8, dtype=B), r(4, 16))),
+    # inner / tensordot of two 1-d tensors run as ATen's dot, which CPU autocast does not lower (issue 34)
+    ("none", "inner-1d", torch.inner, (r(8), r(8))),
+    ("none", "tensordot-1d", lambda a, b: torch.tensordot(a, b, dims=1), (r(8), r(8))),
+    ("lower", "inner", torch.inner, (r(3, 8), r(5, 8))),
     ("lower", "chain_matmul", lambda a, b, c: torch.linalg.multi_dot([a, b, c]), (r(3, 4), r(4, 5), r(5, 2))),
     # FP32 list
     ("fp32", "mse_loss", F.mse_loss, (r(4, 3, dtype=B), r(4, 3, dtype=B))),

@@ -123,3 +123,37 @@ def test_composite_matmuls_count_at_the_python_level_what_aten_runs():
         aten = _deployed_count(model, plan, x)
         assert recorded.flops == aten[True] + aten[False] > 0
         assert recorded.lower_flops == aten[True] > 0
+
+
+class Cells(nn.Module):
+    """The three recurrent cells, each stepped twice: ATen runs each step as two `linear` calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gru, self.lstm = nn.GRUCell(6, 8), nn.LSTMCell(6, 8, bias=False)
+        self.tanh, self.relu = nn.RNNCell(6, 8), nn.RNNCell(6, 8, nonlinearity="relu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: 4 x 6
+        h = torch.zeros(4, 8)
+        hc = (h, h)
+        for _ in range(2):
+            h = self.gru(x, h) + self.tanh(x, h) + self.relu(x, h)
+            hc = self.lstm(x, hc)
+        return h + hc[0]
+
+
+def test_recurrent_cells_count_their_gate_matmuls_in_the_dtype_they_run():
+    """nn.GRUCell/LSTMCell/RNNCell computed their gate matmuls in bf16 under torch.autocast, counted nowhere
+    and claimed as passthrough FP32 (issue 34: NotAsClaimed). Both levels now count and claim the same."""
+    torch.manual_seed(0)
+    model, x = Cells().eval(), torch.randn(4, 6)
+    per_step = 2 * 4 * (3 + 4 + 1 + 1) * 8 * (6 + 8)
+    assert op_flops("gru_cell", (x, torch.zeros(4, 8), model.gru.weight_ih, model.gru.weight_hh), {}, None) == \
+        2 * 4 * 3 * 8 * (6 + 8)
+    for dtype in ("bf16", "fp16"):
+        plan = Plan(dtype=dtype)
+        record = record_plan(model, plan, (x,))
+        aten = _deployed_count(model, plan, x)
+        assert record.shares.flops == aten[True] + aten[False] == 2 * per_step
+        assert record.shares.lower_flops == aten[True] == 2 * per_step
+        assert all(record.claimed[p] == {plan.torch_dtype} for p in ("gru", "lstm", "tanh", "relu"))

@@ -37,7 +37,7 @@ from tuner.core.torch_state import autocast_nesting
 from tuner.engine import rnn_inputs
 from tuner.engine.tracker import OUTSIDE, ModuleTracker
 from tuner.policy.modes import InplaceMode
-from tuner.policy.opnames import SKIP, canonical_name, is_inplace, is_python_composite
+from tuner.policy.opnames import AUTOCAST_INSIDE, SKIP, canonical_name, is_inplace, is_python_composite
 from tuner.policy.presets import Policy
 from tuner.policy.rules import Rule
 
@@ -131,6 +131,7 @@ class _FuncInfo:
     detail: str
     clone: Callable[..., Any] | None = None
     fast: bool = False  # passthrough with nothing to record: call straight through
+    autocast_inside: bool = False  # lowered by running it under torch.autocast (opnames.AUTOCAST_INSIDE)
 
 
 _CLONES: dict[Any, Callable[..., Any]] = {}
@@ -302,7 +303,8 @@ class PrecisionEngine(TorchFunctionMode):
         rule, detail = self.policy.lookup(name)
         info = _FuncInfo(name=name, skip=skip, inplace=is_inplace(name), transparent=transparent,
                          rule=rule, detail=detail,
-                         clone=_unchecked_clone(func) if transparent else None)  # type: ignore[arg-type]
+                         clone=_unchecked_clone(func) if transparent else None,  # type: ignore[arg-type]
+                         autocast_inside=name in AUTOCAST_INSIDE and not self.policy.lists(name))
         info.fast = skip or (rule is Rule.PASSTHROUGH and not transparent and not self._need_index
                              and not self.module_overrides and name not in _ATEN_NAME)
         self._infos[func] = info
@@ -343,10 +345,12 @@ class PrecisionEngine(TorchFunctionMode):
 
         casts = 0
         raw_args, raw_kwargs = args, kwargs
-        if target is not None and not self.dry_run:
-            args, kwargs, casts = self._cast(args, kwargs, target)
-
-        out = func(*args, **kwargs)
+        if info.autocast_inside and target in LOWER_DTYPES and not self.dry_run:
+            out = _under_autocast(func, target, args, kwargs)
+        else:
+            if target is not None and not self.dry_run:
+                args, kwargs, casts = self._cast(args, kwargs, target)
+            out = func(*args, **kwargs)
 
         if (self.recorder is not None or self.verbose is not None) and (
                 isinstance(out, (Tensor, list, tuple)) or any(isinstance(a, Tensor) for a in args)):
@@ -380,8 +384,9 @@ class PrecisionEngine(TorchFunctionMode):
 
     def _aten_rule(self, info: _FuncInfo, aten: str | None) -> tuple[str, Rule, str]:
         """(op name, rule, detail) for a call torch runs as the ATen op `aten` (`pad` as `reflection_pad2d`):
-        the ATen op's when the policy names it, else the Python op's."""
-        if aten is not None and self.policy.names(aten):
+        the ATen op's when the policy names it (or, for `_RUNS_AS_ATEN` ops, whether or not it does), else the
+        Python op's."""
+        if aten is not None and (self.policy.names(aten) or info.name in _RUNS_AS_ATEN):
             rule, detail = self.policy.lookup(aten)
             return aten, rule, detail
         return info.name, info.rule, info.detail
@@ -522,6 +527,16 @@ def _ran_in(rule: Rule, kwargs: dict, out: Any, floats: list[torch.dtype]) -> to
     return floats[0]
 
 
+def _under_autocast(func: Callable[..., Any], dtype: torch.dtype, args: tuple, kwargs: dict) -> Any:
+    """An AUTOCAST_INSIDE composite (nn.GRUCell's `gru_cell`...) lowered as torch.autocast lowers it: the call run
+    under torch.autocast on its inputs' device, which casts only the matmuls inside it (opnames.AUTOCAST_INSIDE),
+    so its numbers and output dtype are those the deployed model computes. No weight cache: one call."""
+    first = next((t for t in (*args, *kwargs.values()) if isinstance(t, Tensor)), None)
+    device = first.device.type if first is not None else "cpu"
+    with torch.autocast(device, dtype=dtype, cache_enabled=False):
+        return func(*args, **kwargs)
+
+
 _MODEL_RULES = frozenset({Rule.MODEL_FP32, Rule.MODEL_AUTOCAST})  # the model's own torch.autocast regions
 
 # Rules whose target comes from the call's own inputs (widest, or the first one).
@@ -549,9 +564,26 @@ def _lstm_aten_name(args: tuple, kwargs: dict) -> str | None:
     return None
 
 
+def _dot_aten_name(args: tuple, kwargs: dict) -> str | None:
+    """torch.inner / torch.tensordot of two 1-d tensors, contracted over their one dimension, run as ATen's `dot`
+    (their other shapes as mm/bmm, which the lists' Python-level entries for them describe): on CPU torch.autocast
+    does not lower `dot`, so such a call computes in FP32 (issue 34)."""
+    tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, Tensor)][:2]
+    if len(tensors) < 2 or tensors[0].dim() != 1 or tensors[1].dim() != 1:
+        return None
+    dims = kwargs.get("dims", args[2] if len(args) > 2 else 1)
+    contracted = dims if isinstance(dims, int) else len(dims[0]) if isinstance(dims, (list, tuple)) and dims and \
+        isinstance(dims[0], (list, tuple)) else 1
+    return "dot" if contracted == 1 else None
+
+
 # Python-level ops that torch runs as a differently named ATen op, depending on the call's arguments:
 # when the policy lists that ATen op, its rule decides (torch.autocast sees only the ATen name).
-_ATEN_NAME: dict[str, Callable[[tuple, dict], str | None]] = {"pad": _pad_aten_name, "lstm": _lstm_aten_name}
+_ATEN_NAME: dict[str, Callable[[tuple, dict], str | None]] = {"pad": _pad_aten_name, "lstm": _lstm_aten_name,
+                                                              "inner": _dot_aten_name, "tensordot": _dot_aten_name}
+# ... and those whose listed rule describes their other ATen form only (torch-cpu lists `inner` and `tensordot` as
+# lower for what they run as mm): the ATen op's rule decides, its list's or the unlisted one.
+_RUNS_AS_ATEN = frozenset({"inner", "tensordot"})
 
 
 class disable_casts:

@@ -15,7 +15,9 @@ MATMUL_OPS = frozenset({"linear", "matmul", "__matmul__", "__rmatmul__", "mm", "
                         "linalg_matmul", "tensordot", "inner", "linalg_multi_dot", "chain_matmul"})
 _PRODUCTS = frozenset({"tensordot", "inner"})  # one contraction, no batch dimensions
 _CHAINS = frozenset({"linalg_multi_dot", "chain_matmul"})
-RNN_OPS = frozenset({"lstm", "gru", "rnn_tanh", "rnn_relu", "mkldnn_rnn_layer"})
+# one step of a recurrent cell: its two gate matmuls (`linear` inside ATen), counted as those
+RNN_CELL_OPS = frozenset({"gru_cell", "lstm_cell", "rnn_tanh_cell", "rnn_relu_cell"})
+RNN_OPS = frozenset({"lstm", "gru", "rnn_tanh", "rnn_relu", "mkldnn_rnn_layer"}) | RNN_CELL_OPS
 
 
 def first_tensor(x: Any) -> Tensor | None:
@@ -39,6 +41,8 @@ def op_flops(op: str, args: tuple, kwargs: dict, out: Any) -> int:
 
     Each count is what the ATen calls the op runs as count (`aten_flops`), so a report's share, counted here
     at the Python level, is the share the deployed model's kernels compute (issue 34)."""
+    if op in RNN_CELL_OPS:
+        return _cell_flops(args, kwargs)
     if op in RNN_OPS:
         return _rnn_flops(args)
     if op not in MATMUL_OPS:
@@ -163,6 +167,17 @@ def _rnn_flops(args: tuple) -> int:
         return 0
     tokens = x.numel() // int(x.shape[-1])
     return 2 * tokens * sum(p.numel() for p in params if p.dim() == 2)
+
+
+def _cell_flops(args: tuple, kwargs: dict) -> int:
+    """torch.gru_cell/lstm_cell/rnn_*_cell(input, hx, w_ih, w_hh, ...): each input row (one, unbatched) multiplies
+    both weight matrices once: the two `linear` calls ATen runs it as (addmm, or mm without biases)."""
+    a = [*args[:4], *(kwargs[k] for k in ("w_ih", "w_hh") if k in kwargs)]
+    x = a[0] if a and isinstance(a[0], Tensor) else None
+    weights = [w for w in a[2:4] if isinstance(w, Tensor) and w.dim() == 2]
+    if x is None or x.dim() == 0 or len(weights) != 2:
+        return 0
+    return 2 * (x.numel() // int(x.shape[-1])) * sum(int(w.numel()) for w in weights)
 
 
 def aten_flops(op: str, args: tuple, kwargs: dict, out: Any) -> int:

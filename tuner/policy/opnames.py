@@ -47,7 +47,21 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "gru": ("linear",),
     "rnn_tanh": ("linear",),
     "rnn_relu": ("linear",),
+    # the recurrent cells likewise (AUTOCAST_INSIDE): torch.autocast("cpu") lowers the `linear` calls inside them
+    "gru_cell": ("linear",),
+    "lstm_cell": ("linear",),
+    "rnn_tanh_cell": ("linear",),
+    "rnn_relu_cell": ("linear",),
 }
+
+# ATen composites that torch.autocast never sees whole: a list that does not name them itself gives them the rule of
+# the op in ALIASES that they run their matmuls through (`linear`), and torch.autocast lowers only those calls
+# inside them, the gate arithmetic running in whatever dtypes the lowered matmuls and the FP32 hidden state give
+# (issue 34: nn.GRUCell under torch.autocast("cpu") computes its two addmm in bf16 and returns FP32). Casting every
+# input instead would run all of the cell low, which no deployed model does; so the engine runs such a call, when
+# its rule lowers it, under torch.autocast itself (`PrecisionEngine`), bit for bit what `tuner.load` runs.
+# torch.autocast("cuda") lists the cells themselves (it casts all their inputs), and a list naming them wins.
+AUTOCAST_INSIDE: frozenset[str] = frozenset({"gru_cell", "lstm_cell", "rnn_tanh_cell", "rnn_relu_cell"})
 
 # Dunder methods keep the seeds' spelling: `__add__` -> `add`, `__iadd__` -> `iadd`.
 _KEEP_DUNDER = {"__matmul__", "__rmatmul__"}

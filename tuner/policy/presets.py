@@ -142,6 +142,10 @@ class Policy:
         rule, detail = self.lookup(name)
         return rule, rule.describe(detail)
 
+    def lists(self, name: str) -> bool:
+        """Does a list name this op itself (not through an alias)?"""
+        return name in self._table
+
     def names(self, name: str) -> bool:
         """Does any list name this op (directly or through an alias)?"""
         return any(c in self._table for c in lookup_names(name))

@@ -204,7 +204,7 @@ def best_plan(build: Callable[[], Any], evaluate: Callable[[Any], Any], example_
                         metric=None if best is None else lab.metric(best), target=lab.accept.target,
                         baseline=lab.base.value, evals=lab.evals, units=len(lab.units),
                         flop_units=sum(f > 0 for f in lab.unit_flops), candidates=len(lab.found),
-                        plan=None if fp32 is None else plan_for(lab.session.options, lab.found.fp32_modules, fp32),
+                        plan=None if fp32 is None else plan_for(lab.session.options, lab.found, fp32),
                         all_low_metric=low_metric, all_low_passed=low_passed, notes=notes)
 
 

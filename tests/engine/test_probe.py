@@ -9,13 +9,14 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import tuner
 from mpt_cli import exitcodes
 from mpt_cli.common import exit_code
 from tuner.engine.attach import attached
-from tuner.engine.probe import autocast_failures, with_fp32_modules
+from tuner.engine.probe import AutocastFixes, autocast_failures, autocast_fixes, with_fp32_modules
 from tuner.core.errors import DeployError, UserCodeError
 from tuner.core.inputs import ModelInputs
 from tuner.policy.plan import OpInstance, Plan
@@ -102,11 +103,49 @@ def test_a_failure_in_the_roots_own_forward_is_a_deploy_error():
     with pytest.raises(DeployError) as info:
         autocast_failures(model, (_x(),), PLAN)
     message = str(info.value)
-    assert "cannot run on this machine" in message and "outside any submodule" in message
+    assert "cannot run on this machine" in message and "outside any submodule and in no op call" in message
     assert "\n" not in message and "primitive descriptor" in message
     assert isinstance(info.value, RuntimeError) and info.value.modules == {}
     assert exit_code(info.value) == exitcodes.USAGE
     assert attached(model) is None and "forward" not in model.__dict__
+
+
+class RootBilinear(nn.Module):
+    """F.bilinear of a lowered activation and an FP32 input in the model's own forward: torch.autocast on CPU does
+    not promote it, so it fails there (and under mpt's engine, which follows the torch-cpu lists)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 4)
+        self.w = nn.Parameter(torch.randn(3, 4, 8) / 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.a(x))
+        return F.bilinear(h, x, self.w)
+
+
+def test_a_failing_call_in_the_roots_own_forward_makes_the_root_an_fp32_island():
+    model, x = RootBilinear().eval(), _x()
+    fixes = autocast_fixes(model, (x,), PLAN)
+    assert fixes.modules == {} and fixes.root_calls == (OpInstance("", "bilinear", 0),)
+    assert fixes.root_reason.startswith("RuntimeError: All tensors must have the same dtype")
+    assert attached(model) is None and "forward" not in model.__dict__
+    fixed = fixes.apply(PLAN)
+    assert fixed.fp32_instances == (OpInstance("", "bilinear", 0),) and fixed.modules == ()
+    assert autocast_fixes(model, (x,), fixed) == AutocastFixes()
+    with torch.no_grad():
+        ref = model(x)
+        for engine in ("auto", "python"):  # the root's own ops FP32, its linear still low
+            tuner.attach(model, fixed, engine=engine)
+            execution = attached(model)
+            assert execution is not None
+            if engine == "auto":
+                assert execution.fp32_islands == ("",) and execution.fp32_subtrees == ()
+            out = model(x)
+            tuner.detach(model)
+            assert out.dtype == torch.float32 and 0 < (out - ref).abs().max() < 0.05
+    with pytest.raises(DeployError, match="autocast_fixes keeps that call FP32"):
+        autocast_failures(model, (x,), PLAN)  # its callers add module overrides only
 
 
 def test_a_failure_that_fp32_has_too_is_the_users_code_not_the_plans():

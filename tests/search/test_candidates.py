@@ -66,3 +66,31 @@ def test_a_candidate_without_a_cost_is_refused():
     a = OpInstance("a", "linear", 0)
     with pytest.raises(ValueError, match="cost"):
         Candidates((a,), {}, {a: 1}, Shares(), None, {}, ModelInputs.of(()))
+
+
+class RootMatmul(nn.Module):
+    """A matmul in the model's own forward, next to the call that makes the root an FP32 island."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.w = nn.Parameter(torch.randn(8, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        return torch.matmul(h, self.w) + torch.tensordot(h, self.w, dims=1)
+
+
+def test_the_own_candidates_of_an_fp32_island_are_kept_calls_not_choices():
+    torch.manual_seed(0)
+    model = RootMatmul().eval()
+    inputs = ModelInputs.of((torch.randn(2, 8),))
+    policy = load_preset("torch-cpu")
+    free = find_candidates(model, inputs, policy, torch.bfloat16, {})
+    assert {c.label() for c in free.instances} >= {"a:linear#0", "(root):matmul#0", "(root):tensordot#0"}
+    tensordot = OpInstance("", "tensordot", 0)
+    found = find_candidates(model, inputs, policy, torch.bfloat16, {}, (tensordot,))
+    assert [c.label() for c in found.instances] == ["a:linear#0"]
+    assert found.fp32_calls == (OpInstance("", "matmul", 0), tensordot)
+    a = OpInstance("a", "linear", 0)
+    assert found.all_low.lower_flops == found.flops[a] < found.all_low.flops  # the root's matmuls count FP32

@@ -65,6 +65,7 @@ class _EngineThread(threading.local):
         self.counts: dict[tuple[str, str], int] = {}
         self.overrides: list[torch.dtype | None] = [None]
         self.nesting: list[int] = []  # torch.autocast's nesting depth at each entry of the engine
+        self.failed: tuple[BaseException, InstanceKey] | None = None  # the last call that raised, and its key
 
 
 def casts_disabled() -> bool:
@@ -345,12 +346,16 @@ class PrecisionEngine(TorchFunctionMode):
 
         casts = 0
         raw_args, raw_kwargs = args, kwargs
-        if info.autocast_inside and target in LOWER_DTYPES and not self.dry_run:
-            out = _under_autocast(func, target, args, kwargs)
-        else:
-            if target is not None and not self.dry_run:
-                args, kwargs, casts = self._cast(args, kwargs, target)
-            out = func(*args, **kwargs)
+        try:
+            if info.autocast_inside and target in LOWER_DTYPES and not self.dry_run:
+                out = _under_autocast(func, target, args, kwargs)
+            else:
+                if target is not None and not self.dry_run:
+                    args, kwargs, casts = self._cast(args, kwargs, target)
+                out = func(*args, **kwargs)
+        except Exception as exc:  # (free when nothing raises) which call it was: `failed_call`
+            self._thread.failed = (exc, (path, name, index))
+            raise
 
         if (self.recorder is not None or self.verbose is not None) and (
                 isinstance(out, (Tensor, list, tuple)) or any(isinstance(a, Tensor) for a in args)):
@@ -358,6 +363,20 @@ class PrecisionEngine(TorchFunctionMode):
                                       raw_args, raw_kwargs, out)
             out = self._report(decision, func, args, kwargs, out, raw_args, raw_kwargs)
         return out
+
+    def failed_call(self, exc: BaseException) -> InstanceKey | None:
+        """(module, op, index) of the call on this thread that raised `exc`, or an exception `exc` was raised
+        from; None when no call the engine ran did. Needs call indices (an engine with a recorder or instance
+        overrides): `tuner.engine.probe` names the op torch.autocast cannot run with it, as a plan names it."""
+        failed = self._thread.failed
+        seen: set[int] = set()
+        current: BaseException | None = exc
+        while failed is not None and current is not None and id(current) not in seen:
+            if failed[0] is current:
+                return failed[1] if self._need_index else None
+            seen.add(id(current))
+            current = current.__cause__ or current.__context__
+        return None
 
     def _run_transparent(self, func: Callable[..., Any], info: _FuncInfo, args: tuple, kwargs: dict) -> Any:
         """Run a Python composite's body with the mode still on, so the builtin ops inside get their own rules."""

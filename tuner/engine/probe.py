@@ -8,15 +8,19 @@ op at all where the engine can: on a CPU without AVX512-BF16, oneDNN cannot
 build a bf16 `nn.LSTM` ("could not create a primitive descriptor..."). A plan
 approved by the search would then crash once loaded.
 
-`autocast_failures` runs the model once the way `tuner.load` would, finds the
+`autocast_fixes` runs the model once the way `tuner.load` would, finds the
 innermost module that was running when it raised, keeps that module in FP32
-(a module override, which puts it under the engine) and tries again.
+(a module override, which puts it under the engine) and tries again. A failure
+in the model's own forward, outside any submodule, keeps the op call that
+raised in FP32 instead (an FP32 instance of module ""), which makes the root an
+FP32 island: its own ops FP32, its submodules still low.
 """
 from __future__ import annotations
 
 import dataclasses
 import sys
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -27,44 +31,113 @@ from tuner.core.inputs import ModelInputs
 from tuner.core.loader import call_forward
 from tuner.core.memory import find_out_of_memory, out_of_memory
 from tuner.engine.attach import attach, detach, native_device
-from tuner.policy.plan import Plan
+from tuner.engine.function_mode import PrecisionEngine
+from tuner.policy.plan import OpInstance, Plan
 
 ROOT = "(root)"
+
+
+@dataclass(frozen=True)
+class AutocastFixes:
+    """What must stay FP32 for a plan to run under `tuner.load` here (`autocast_fixes`).
+
+    `modules`: submodules kept FP32 whole (module overrides), path -> one-line reason. `root_calls`: op calls
+    of the model's own forward (module "") that torch.autocast cannot run; as FP32 instances of a plan they
+    make the root an FP32 island (`tuner.engine.native`): its own ops run FP32 under
+    `torch.autocast(enabled=False)` while its submodules stay low, the narrowest region the native path has
+    for code outside any submodule. `root_reason` says why (empty without root calls).
+    """
+
+    modules: dict[str, str] = field(default_factory=dict)
+    root_calls: tuple[OpInstance, ...] = ()
+    root_reason: str = ""
+
+    def apply(self, plan: Plan) -> Plan:
+        """`plan` with these modules and root calls kept FP32."""
+        plan = with_fp32_modules(plan, self.modules)
+        known = set(plan.fp32_instances)
+        added = tuple(c for c in self.root_calls if c not in known)
+        return dataclasses.replace(plan, fp32_instances=plan.fp32_instances + added) if added else plan
 
 
 def autocast_failures(model: nn.Module, inputs: ModelInputs | tuple, plan: Plan, *,
                       max_modules: int = 8) -> dict[str, str]:
     """Submodules that must stay FP32 for `plan` to run under `tuner.load`: {path: one-line reason}.
 
-    {} when the plan runs as it is, or when its policy has no native
+    `autocast_fixes`' modules; a plan that also needs op calls of the model's own forward kept FP32 raises
+    DeployError here (kept so for callers that only add module overrides: `autocast_fixes` gives both).
+    """
+    fixes = autocast_fixes(model, inputs, plan, max_modules=max_modules)
+    if fixes.root_calls:
+        raise DeployError(f"the tuned plan cannot run on this machine once loaded (tuner.load runs it under "
+                          f"torch.autocast): {fixes.root_reason}, in the model's own forward, outside any "
+                          "submodule (autocast_fixes keeps that call FP32)", modules=fixes.modules)
+    return fixes.modules
+
+
+def autocast_fixes(model: nn.Module, inputs: ModelInputs | tuple, plan: Plan, *,
+                   max_modules: int = 8) -> AutocastFixes:
+    """What must stay FP32 for `plan` to run under `tuner.load` (AutocastFixes).
+
+    Nothing when the plan runs as it is, or when its policy has no native
     torch.autocast path here (then `tuner.load` runs mpt's engine, which the
     search already ran). Each failing forward adds the innermost running
     module as `{path: "fp32"}` to the plan's module overrides and runs again,
-    up to `max_modules` modules. Raises DeployError (exit code 2 in the CLI)
-    when the failure is in the model's own forward (outside any submodule),
-    inside a module already kept in FP32, or still there after `max_modules`;
-    its `modules` holds what was found before. The model is detached
-    afterwards (an earlier `tuner.attach` on it is undone).
+    up to `max_modules` modules; a failure in the model's own forward (outside
+    any submodule) adds the op call that raised as an FP32 instance, which makes
+    the root an FP32 island. Raises DeployError (exit code 2 in the CLI) when
+    the failure is inside a module already kept in FP32, in the root's own code
+    but in no op call mpt's engine names (or still there once the root is an
+    island), or still there after `max_modules`; its `modules` holds what was
+    found before. The model is detached afterwards (an earlier `tuner.attach`
+    on it is undone).
     """
     if native_device(plan.policy()) is None:
-        return {}
+        return AutocastFixes()
     inputs = ModelInputs.of(inputs)
-    found: dict[str, str] = {}
-    current = plan
+    fixes = AutocastFixes()
     while True:
+        current = fixes.apply(plan)
         failure = _first_failure(model, inputs, current)
         if failure is None:
-            return found
+            return fixes
         path, exc = failure
-        if not found:
+        if not fixes.modules and not fixes.root_calls:
             _check_fp32_runs(model, inputs)
         reason = exc_line(exc, limit=200)
-        problem = _unfixable(path, found, max_modules)
+        call = _root_call(model, inputs, current) if path == ROOT and not fixes.root_calls else None
+        problem = "" if call is not None else _unfixable(path, fixes, max_modules)
         if problem:
             raise DeployError(f"the tuned plan cannot run on this machine once loaded (tuner.load runs it under "
-                              f"torch.autocast): {reason}, {problem}", modules=found) from exc
-        found[path] = reason
-        current = with_fp32_modules(current, [path])
+                              f"torch.autocast): {reason}, {problem}", modules=fixes.modules) from exc
+        if call is not None:
+            fixes = dataclasses.replace(fixes, root_calls=(call,), root_reason=reason)
+        else:
+            fixes = dataclasses.replace(fixes, modules={**fixes.modules, path: reason})
+
+
+def _root_call(model: nn.Module, inputs: ModelInputs, plan: Plan) -> OpInstance | None:
+    """The op call of the model's own forward that fails under `tuner.attach(model, plan)`, named as mpt's engine
+    and a plan name it; None when the failure is in no op call of the root's (its own code raised).
+
+    The forward runs again as `tuner.load` runs it, with mpt's engine on top in dry-run mode: it names every
+    call (module, op, index) and changes none, so the same call fails and the engine says which it was."""
+    engine = PrecisionEngine(plan.policy(), plan.torch_dtype, root=model, dry_run=True, recorder=_ignore)
+    try:
+        attach(model, plan)
+        try:
+            with torch.no_grad(), engine:
+                inputs.call(model)
+        except Exception as exc:  # noqa: BLE001 - only its call is wanted: the caller reports the first failure
+            key = engine.failed_call(exc)
+            return OpInstance(*key) if key is not None and key[0] == "" else None
+        return None
+    finally:
+        detach(model)
+
+
+def _ignore(*args: Any) -> None:
+    """A recorder that keeps nothing: with one, the engine counts calls, which `failed_call` needs."""
 
 
 def _check_fp32_runs(model: nn.Module, inputs: ModelInputs) -> None:
@@ -87,10 +160,13 @@ def with_fp32_modules(plan: Plan, paths: Iterable[str]) -> Plan:
     return dataclasses.replace(plan, modules=plan.modules + added)
 
 
-def _unfixable(path: str, found: dict[str, str], max_modules: int) -> str:
+def _unfixable(path: str, fixes: AutocastFixes, max_modules: int) -> str:
     """Why keeping `path` in FP32 cannot help ("" when it can)."""
+    found = fixes.modules
+    if path == ROOT and fixes.root_calls:
+        return "in the model's own forward, which already runs in FP32 (an FP32 island) under torch.autocast"
     if path == ROOT:
-        return "in the model's own forward, outside any submodule"
+        return "in the model's own forward, outside any submodule and in no op call mpt can keep in FP32"
     inside = next((f for f in found if path == f or path.startswith(f + ".")), None)
     if inside is not None:
         return f"in {path}, which already runs in FP32 under mpt's engine ({inside} is kept in FP32)"

@@ -133,13 +133,17 @@ def _check_modules(model: Any, plan: Plan) -> None:
 
 
 def _unused_instances(model: Any, plan: Plan, inputs: ModelInputs) -> list[str]:
-    """Plan instances the model no longer calls on example_inputs (a sign the plan is stale)."""
+    """Plan instances the model no longer calls on example_inputs (a sign the plan is stale). The forward runs the
+    plan as it is, overrides included: under the preset alone a call the plan keeps FP32 may fail (an op
+    torch.autocast cannot run low in the model's own forward)."""
     seen: set[tuple[str, str, int]] = set()
 
     def record(d: Any, *rest: Any) -> None:
         seen.add((d.module, d.op, d.index))
 
-    with torch.no_grad(), PrecisionEngine(plan.policy(), plan.torch_dtype, root=model, recorder=record):
+    with torch.no_grad(), PrecisionEngine(plan.policy(), plan.torch_dtype, root=model, recorder=record,
+                                          module_overrides=plan.module_overrides(),
+                                          instance_overrides=plan.instance_overrides()):
         call_forward(model, inputs, what="forward on example_inputs")
     return [i.label() for i in plan.fp32_instances if i.key() not in seen]
 

@@ -26,23 +26,26 @@ from tuner.core.inputs import ModelInputs
 from tuner.engine import native
 from tuner.engine.attach import native_device, resolve
 from tuner.measure.deployed import Observation, observe
-from tuner.policy.plan import Plan
+from tuner.policy.plan import OpInstance, Plan
 
 
 @dataclass(frozen=True)
 class ParameterUses:
-    """Each parameter's uses in the deployed forward of a plan with no FP32 op instances: (module path,
+    """Each parameter's uses in the deployed forward of a plan with no FP32 op instances but `kept`: (module path,
     cast?); `modules` are that plan's module overrides (modules torch.autocast cannot run low, kept FP32 in
-    every trial), which a plan must share for the prediction to hold."""
+    every trial) and `kept` the op calls every trial keeps FP32 (their modules FP32 islands: the model's own
+    forward where torch.autocast cannot run a call of it), which a plan must share for the prediction to hold."""
 
     uses: dict[str, frozenset[tuple[str, bool]]]
     modules: tuple[tuple[str, str], ...]
+    kept: frozenset[OpInstance] = frozenset()
 
 
-def parameter_uses(model: nn.Module, plan: Plan, inputs: ModelInputs) -> ParameterUses | None:
-    """One observation of `plan` without its FP32 op instances; None when its regions would not predict
-    (see above)."""
-    bare = dataclasses.replace(plan, fp32_instances=())
+def parameter_uses(model: nn.Module, plan: Plan, inputs: ModelInputs,
+                   kept: frozenset[OpInstance] = frozenset()) -> ParameterUses | None:
+    """One observation of `plan` without its FP32 op instances but those in `kept` (calls every plan keeps FP32:
+    without them the forward may not run at all); None when its regions would not predict (see above)."""
+    bare = dataclasses.replace(plan, fp32_instances=tuple(i for i in plan.fp32_instances if i in kept))
     if not predictable(model, bare):
         return None
     return uses_of(observe(model, bare, inputs), bare)
@@ -54,16 +57,15 @@ def predictable(model: nn.Module, plan: Plan) -> bool:
 
 
 def uses_of(seen: Observation, plan: Plan) -> ParameterUses | None:
-    """The ParameterUses of an observation of `plan` (no FP32 op instances); None when a shared module ran
-    in another module's region."""
-    assert not plan.fp32_instances
-    return None if seen.foreign else ParameterUses(seen.uses, tuple(plan.modules))
+    """The ParameterUses of an observation of `plan` (no FP32 op instances but those every plan keeps); None
+    when a shared module ran in another module's region."""
+    return None if seen.foreign else ParameterUses(seen.uses, tuple(plan.modules), frozenset(plan.fp32_instances))
 
 
 def predicted_lowered(model: nn.Module, uses: ParameterUses, plan: Plan) -> dict[str, torch.dtype] | None:
     """The parameters `plan` stores lowered, from `uses`; None when the plan is not on the native path or
-    overrides other modules than the observed one."""
-    if tuple(plan.modules) != uses.modules:
+    overrides other modules than the observed one or lacks one of its kept calls."""
+    if tuple(plan.modules) != uses.modules or not uses.kept <= set(plan.fp32_instances):
         return None
     execution = _execution(model, plan)
     if execution is None or execution.dtype is None:

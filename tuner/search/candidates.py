@@ -1,8 +1,10 @@
 """The op instances a tune decides about, found by one recorded forward under the preset.
 
 Not candidates: calls the policy cannot choose for (in-place, explicit dtype=), calls that run in FP32 anyway,
-numerically neutral ops (views, copies, eval-mode dropout: `opnames.is_neutral`), and calls inside modules that
-torch.autocast cannot run on this machine (those stay FP32: `fp32_modules`, from `engine.probe.autocast_failures`).
+numerically neutral ops (views, copies, eval-mode dropout: `opnames.is_neutral`), calls inside modules that
+torch.autocast cannot run on this machine (those stay FP32: `fp32_modules`, from `engine.probe.autocast_fixes`), and
+the own calls of a module that runs as an FP32 island in every plan (`fp32_calls`: the model's own forward when
+torch.autocast cannot run a call of it).
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ class Candidates:
     fp32_modules: Mapping[str, str]  # module path -> why torch.autocast cannot run it here
     inputs: ModelInputs
     all_low_error: float = 0.0
+    fp32_calls: tuple[OpInstance, ...] = ()  # FP32 in every plan: their modules run as FP32 islands (`find_candidates`)
 
     def __post_init__(self) -> None:
         if set(self.costs) != set(self.instances) or set(self.flops) != set(self.instances):
@@ -83,9 +86,33 @@ class Candidates:
 
 
 def find_candidates(model: nn.Module, inputs: ModelInputs, policy: Policy, dtype: torch.dtype,
-                    fp32_modules: Mapping[str, str]) -> Candidates:
+                    fp32_modules: Mapping[str, str], fp32_calls: tuple[OpInstance, ...] = ()) -> Candidates:
     """The op instances whose precision changes the numbers: one FP32 forward for the reference, one recorded
-    forward under `policy` with `fp32_modules` kept FP32."""
+    forward under `policy` with `fp32_modules` and the `fp32_calls` kept FP32.
+
+    A module owning one of `fp32_calls` is an FP32 island in every plan (`tuner.engine.native`): all its own
+    ops run FP32 once loaded, whatever the plan lists. So its own candidates are no choice: they join
+    `fp32_calls` (every plan lists them, and mpt's engine then runs the island's ops as `tuner.load` does) and
+    the forward is recorded again with them FP32, for the all-low shares and error."""
+    with torch.no_grad():
+        ref_out = detached_copy(call_forward(model, inputs))  # the next forward may rewrite what this one returned
+    islands = {c.module for c in fp32_calls}
+    recorded = _recorded(model, inputs, policy, dtype, fp32_modules, fp32_calls)
+    owned = tuple(c for c in recorded[0] if c.module in islands)
+    if owned:
+        fp32_calls = tuple(sorted(set(fp32_calls) | set(owned)))
+        recorded = _recorded(model, inputs, policy, dtype, fp32_modules, fp32_calls)
+    costs, flops, shares, low_out = recorded
+    return Candidates(instances=tuple(costs), costs=costs, flops=flops, all_low=shares, ref_out=ref_out,
+                      fp32_modules=dict(fp32_modules), inputs=inputs,
+                      all_low_error=relative_error(low_out, ref_out) or 0.0, fp32_calls=tuple(sorted(fp32_calls)))
+
+
+def _recorded(model: nn.Module, inputs: ModelInputs, policy: Policy, dtype: torch.dtype,
+              fp32_modules: Mapping[str, str], fp32_calls: tuple[OpInstance, ...]
+              ) -> tuple[dict[OpInstance, float], dict[OpInstance, int], Shares, Any]:
+    """One forward under `policy` with `fp32_modules` and `fp32_calls` FP32: the candidates' costs and FLOPs
+    (in call order), the forward's shares, and its output."""
     counter = ShareCounter()
     costs: dict[OpInstance, float] = {}
     flops: dict[OpInstance, int] = {}
@@ -100,11 +127,8 @@ def find_candidates(model: nn.Module, inputs: ModelInputs, policy: Policy, dtype
             flops[cand] = op_flops(d.op, args, kwargs, out)
             costs[cand] = float(flops[cand] + (y.numel() if y is not None else 0))
 
-    with torch.no_grad():
-        ref_out = detached_copy(call_forward(model, inputs))  # the next forward may rewrite what this one returned
-        with PrecisionEngine(policy, dtype, root=model, recorder=record,
-                             module_overrides={p: torch.float32 for p in fp32_modules}):
-            low_out = call_forward(model, inputs)
-    return Candidates(instances=tuple(costs), costs=costs, flops=flops, all_low=counter.shares, ref_out=ref_out,
-                      fp32_modules=dict(fp32_modules), inputs=inputs,
-                      all_low_error=relative_error(low_out, ref_out) or 0.0)
+    with torch.no_grad(), PrecisionEngine(policy, dtype, root=model, recorder=record,
+                                          module_overrides={p: torch.float32 for p in fp32_modules},
+                                          instance_overrides={c.key(): torch.float32 for c in fp32_calls}):
+        low_out = call_forward(model, inputs)
+    return costs, flops, counter.shares, low_out

@@ -33,7 +33,7 @@ from tuner.measure.deployed import NotAsClaimed, observe, weight_dtypes
 from tuner.measure.inspection import relative_error
 from tuner.measure.lowering import ParameterUses, parameter_uses, predictable, predicted_lowered, uses_of
 from tuner.measure.shares import Shares
-from tuner.policy.plan import Plan
+from tuner.policy.plan import OpInstance, Plan
 from tuner.search.distributed import Ranks, SharedJournal
 from tuner.search.noise import Acceptance
 from tuner.search.repeatable import Draws, RunSignature, restore_generators
@@ -146,6 +146,8 @@ class Evaluator:
         self.inputs: ModelInputs | None = None
         self._uses: ParameterUses | None | object = _UNOBSERVED  # for `lowered`'s prediction
         self._looked: tuple[Plan, Any, float] | None = None  # first_look's plan, output and seconds
+        # calls every plan keeps FP32 (Candidates.fp32_calls): no choice of the search, so not in a trial's fp32
+        self.kept: frozenset[OpInstance] = frozenset()
         self.forward_s = 0.0  # the seconds of output_error's last forward
         # record each evaluation's signature (tuner.search.repeatable): only the baseline's and the all-low
         # trial's are compared, so TuneSession.settle_noise turns it off (it hashes every input fed)
@@ -161,7 +163,7 @@ class Evaluator:
         """The model under `plan`; passed when `accept` confirms its metric. An evaluate that raises, or gives
         NaN/inf, fails the trial. Raises SearchStopped when a bound is reached. `kept`: the FP32 instances
         the plan would record (Trial.kept; None: not counted)."""
-        fp32 = tuple(sorted(i.label() for i in plan.fp32_instances))
+        fp32 = tuple(sorted(i.label() for i in plan.fp32_instances if i not in self.kept))
         return self._run(trial_key(fp32), label, plan, fp32, shares, accept, kept)
 
     def _check_bounds(self) -> None:
@@ -330,7 +332,7 @@ class Evaluator:
             return {}
         if self._uses is _UNOBSERVED:
             with self.keeper.borrowed(light=True) as model:
-                self._uses = parameter_uses(model, plan, self.inputs)
+                self._uses = parameter_uses(model, plan, self.inputs, self.kept)
         predicted = self._predicted(plan)
         if predicted is not None:
             return predicted

@@ -26,7 +26,7 @@ from tuner.core.inputs import ModelInputs, tensor_leaves
 from tuner.core.loader import user_site
 from tuner.core.sharding import Sharding
 from tuner.core.torch_state import refuse_active_autocast
-from tuner.engine.probe import autocast_failures
+from tuner.engine.probe import AutocastFixes, autocast_fixes
 from tuner.measure.ranking import rank_exact, rank_gradient
 from tuner.measure.recorded import PlanRecord, record_plan
 from tuner.options.tune import RankMethod, TuneOptions
@@ -239,16 +239,22 @@ class TuneSession:
     def find_candidates(self, inputs: ModelInputs) -> Candidates:
         """The op instances to decide about (tuner.search.candidates), after the modules that must stay FP32
         (none when the evaluator's first look ran the all-low plan: else a probe finds them)."""
-        fp32_modules: dict[str, str] = {}
-        all_low = plan_for(self.options, {}, ())
+        fixes = AutocastFixes()
+        all_low = plan_for(self.options, None, ())
         if not self.evaluator.first_look(all_low, inputs):  # else it ran as it is
             with self.keeper.borrowed() as model:
-                fp32_modules = autocast_failures(model, inputs, all_low)
-        for path, why in fp32_modules.items():
+                fixes = autocast_fixes(model, inputs, all_low)
+        for path, why in fixes.modules.items():
             self.notes.append(f"module {path or '(root)'} stays FP32: torch.autocast cannot run it in "
                               f"{self.options.dtype} on this machine ({why})")
+        if fixes.root_calls:
+            calls = ", ".join(c.label() for c in fixes.root_calls)
+            self.notes.append(f"the model's own ops (its forward outside any submodule) stay FP32, its submodules "
+                              f"keep the plan: torch.autocast cannot run {calls} in {self.options.dtype} on this "
+                              f"machine ({fixes.root_reason})")
         with self.keeper.borrowed(light=True) as model:  # what it finds steers; the all-low trial compares first
-            found = find_candidates(model, inputs, self.policy, self.dtype, fp32_modules)
+            found = find_candidates(model, inputs, self.policy, self.dtype, fixes.modules, fixes.root_calls)
+        self.evaluator.kept = frozenset(found.fp32_calls)
         self.emit(TuneEvent(EventKind.CANDIDATES, CandidatesFound(len(found), self.options.dtype,
                                                                   str(self.options.preset), found.all_low_error)))
         return found
@@ -260,7 +266,7 @@ class TuneSession:
         where the trial is always evaluated (a forward would have to run on every rank together)."""
         if not found.instances or self.ranks.distributed:
             return trials.probe(frozenset(), {}), None
-        error = self.evaluator.output_error(plan_for(self.options, found.fp32_modules, ()), found.ref_out)
+        error = self.evaluator.output_error(plan_for(self.options, found, ()), found.ref_out)
         low = (error, self.evaluator.forward_s)
         if error == math.inf:
             self.notes.append(f"with everything eligible in {self.options.dtype} the output overflows on the "
@@ -345,7 +351,7 @@ class TuneSession:
 
         def error(picked: frozenset[int]) -> float:
             fp32 = found.pick(frozenset(i for n in picked for i in units[n]))
-            value = self.evaluator.output_error(plan_for(self.options, found.fp32_modules, fp32), found.ref_out)
+            value = self.evaluator.output_error(plan_for(self.options, found, fp32), found.ref_out)
             return math.inf if value is None else value
 
         return Guide(error, max_prefixes=limits.prefixes, max_units=limits.units, known={frozenset(): low_error},
@@ -376,7 +382,7 @@ class TuneSession:
         if stopped is StopReason.INTERRUPTED:
             return fp32, best.metric, best.n
         self.recorded = self._record(found, fp32)
-        idle = self.recorded.idle
+        idle = self.recorded.idle - set(found.fp32_calls)  # those make FP32 islands: not theirs to drop
         if idle:
             fp32 = tuple(i for i in fp32 if i not in idle)
             self.notes.append(f"{len(idle)} FP32 override(s) dropped: their inputs are FP32 under the plan, "
@@ -396,19 +402,20 @@ class TuneSession:
         """The recorded forward of the chosen trial's plan: its overrides that change nothing, and (they
         change no op's dtype) the shares and claims of the plan written, which the report reuses."""
         with self.keeper.borrowed() as model:
-            return record_plan(model, plan_for(self.options, found.fp32_modules, fp32), found.inputs)
+            return record_plan(model, plan_for(self.options, found, fp32), found.inputs)
 
     def result(self, base: Baseline, accept: Acceptance, inputs: ModelInputs | None, found: Candidates | None,
                scores: Scores, chosen: frozenset[OpInstance] | None, stopped: StopReason | None) -> TuneResult:
         fp32, metric, chosen_n = self.final_fp32(found, chosen, stopped)
         status = TuneStatus.MET if chosen_n is not None else TuneStatus.NOT_MET
         opts, ev = self.options, self.evaluator
-        candidates = list(found.instances) if found else []
+        # the calls every plan keeps FP32 count as op instances in FP32 ("2 of 2"), though no trial chose them
+        candidates = list(found.instances) + list(found.fp32_calls) if found else []
         lowered = None
         if chosen_n is not None and found is not None and stopped is not StopReason.INTERRUPTED:
             with self.keeper.borrowed() as model:  # the trials' predicted weight dtypes, proven on this plan
-                lowered = ev.confirm_lowered(model, plan_for(opts, found.fp32_modules, fp32))
-        plan = plan_for(opts, found.fp32_modules if found else {}, fp32,
+                lowered = ev.confirm_lowered(model, plan_for(opts, found, fp32))
+        plan = plan_for(opts, found, fp32,
                         metrics={"baseline": base.value, "tuned": metric, "target": accept.target,
                                  "tolerance": opts.tolerance, "absolute": opts.absolute,
                                  "lower_is_better": opts.lower_is_better, "noise": base.spread,

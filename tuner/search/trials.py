@@ -78,7 +78,7 @@ class SearchTrials:
         if fp32_idx in self._memo:  # asked again by the search: already counted and reported
             return self._memo[fp32_idx]
         fp32 = self.found.pick(fp32_idx)
-        plan = plan_for(self.options, self.found.fp32_modules, fp32)
+        plan = plan_for(self.options, self.found, fp32)
         labels = tuple(sorted(c.label() for c in fp32))
         label = Change.between(self._last, labels).text(self.options.dtype)
         self._last = labels

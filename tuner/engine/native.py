@@ -10,7 +10,8 @@ overrides. Those are realized as *regions*, with no Python per op:
 - a child of an island that has no override of its own runs low again
   (autocast re-enabled) and hands FP32 outputs back, so the island's own ops
   keep computing in FP32;
-- a module override to FP32 (`modules: {rnn: fp32}`) makes the whole subtree FP32.
+- a module override to FP32 (`modules: {rnn: fp32}`) makes the whole subtree FP32;
+- a torch.autocast block the model opens itself decides for everything called in it (`_in_model_block`).
 
 The unit is the module that calls the op (its *owner*), not the single call:
 `mpt tune` searches over these units, so a tuned plan lists every
@@ -26,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -35,6 +37,8 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 from torch.utils._pytree import tree_leaves, tree_map
+
+from tuner.core.torch_state import autocast_nesting
 
 FP32 = torch.float32
 
@@ -123,8 +127,11 @@ def install(model: nn.Module, execution: Execution) -> Wrapped:
     `nn.ModuleDict`) and parametrizations are never called themselves. So every module whose region differs
     from that of some ancestor gets a wrapper, and the wrapper switches region only when the one it is
     called in is not its own (`torch.is_autocast_enabled`): each module's own ops run in its region
-    whoever calls it, and a wrapper called in its own region is a plain call. The wrappers hold no state,
-    so compilers guard on nothing that changes per call.
+    whoever calls it, and a wrapper called in its own region is a plain call. Inside a torch.autocast block
+    the model opened itself no wrapper switches (`_in_model_block`): the model's block decides, as
+    torch.autocast runs it. The only state is the per-thread depth of each region switch, which a
+    wrapper pushes and pops around its own call: compilers trace its reads as constants and guard on
+    nothing that changes per call.
 
     An FP32 island, and an `nn.TransformerEncoderLayer` in a low region, also get a forward pre-hook that
     does nothing: torch's fused fast path (`nn.TransformerEncoderLayer` in eval mode with no grad) runs the
@@ -217,12 +224,12 @@ def _region_forward(original: Callable[..., Any], region: _Region, device: str, 
     if region is _Region.FP32:
         @functools.wraps(original)
         def fp32_forward(*args: Any, **kwargs: Any) -> Any:
-            if not root and not torch.is_autocast_enabled(device):  # called in an FP32 region already
-                return original(*args, **kwargs)
+            if not root and (not torch.is_autocast_enabled(device) or _in_model_block()):  # FP32 already, or the
+                return original(*args, **kwargs)  # model's own autocast block decides
             swapped = _attributes_to_fp32(subtree)
             try:
                 with torch.autocast(device, enabled=False):
-                    return original(*_to_fp32(args), **_to_fp32(kwargs))
+                    return _in_region(original, _to_fp32(args), _to_fp32(kwargs))
             finally:
                 _put_back(swapped)
 
@@ -230,13 +237,49 @@ def _region_forward(original: Callable[..., Any], region: _Region, device: str, 
 
     @functools.wraps(original)
     def low_forward(*args: Any, **kwargs: Any) -> Any:
-        if not root and torch.is_autocast_enabled(device):  # called in a low region already
-            return original(*args, **kwargs)
+        if not root and (torch.is_autocast_enabled(device) or _in_model_block()):  # low already, or the model's
+            return original(*args, **kwargs)  # own autocast block decides (its FP32 block stays FP32)
         with low_autocast(device, lower):
-            out = original(*args, **kwargs)
+            out = _in_region(original, args, kwargs)
         return out if root else _to_fp32(out)  # back inside an FP32 island: its own ops compute in FP32
 
     return low_forward
+
+
+class _RegionDepths(threading.local):
+    """torch.autocast's nesting depth just inside each region switch of this thread, innermost last.
+
+    A wrapper decides from the autocast state it is called in, but "autocast off" has two causes that the
+    state cannot tell apart: an FP32 island's wrapper turned it off, or the model's own code opened
+    `torch.autocast(enabled=False)` (an HF rotary embedding, an FP32 head), which inherits every setting
+    an island's block has. Only the nesting depth differs: a block the model opened since the innermost
+    switch is one deeper. Per thread: threads running one model each nest their own blocks."""
+
+    def __init__(self) -> None:
+        self.depths: list[int] = []
+
+
+_DEPTHS = _RegionDepths()
+
+
+def _in_region(original: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    """`original(*args, **kwargs)` inside a region switch (its autocast block entered): the depth recorded
+    for `_in_model_block` while it runs."""
+    depths = _DEPTHS.depths
+    depths.append(autocast_nesting())
+    try:
+        return original(*args, **kwargs)
+    finally:
+        depths.pop()
+
+
+def _in_model_block() -> bool:
+    """Called inside a torch.autocast block the model opened itself since the innermost region switch: there
+    the model decides, as torch.autocast runs it (and as `PrecisionEngine._model_region` claims), so a
+    wrapper called in it does not switch. Outside every region (a submodule called on its own) no block
+    is the model's."""
+    depths = _DEPTHS.depths
+    return bool(depths) and autocast_nesting() > depths[-1]
 
 
 def low_autocast(device: str, dtype: torch.dtype) -> torch.autocast:

@@ -134,3 +134,27 @@ def test_bf16_tensors_set_as_attributes_of_an_fp32_island_reach_it_in_fp32_and_a
         want = torch.nn.functional.linear(h.float() * k.float(), w, model.island.lin.bias) + \
             torch.nn.functional.linear(g.float(), w)
     assert out.dtype == torch.float32 and torch.equal(out, want)
+
+
+class RootIsland(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.tanh(self.b(self.a(x)) @ self.a.weight)  # the root's own matmul: kept FP32 below
+
+
+def test_a_root_island_reads_no_state_of_mpts_own_and_compiles_whole():
+    """The attribute cast reads the island's own attributes only, never mpt's attachment on a root island: a
+    walk of it per call would cost time and break torch.compile's graph."""
+    model = RootIsland().eval()
+    plan = Plan(dtype="bf16", preset="torch-cpu", fp32_instances=(OpInstance("", "matmul", 0),))
+    loaded = tuner.attach(model, plan)
+    assert tuner.attached(loaded).fp32_islands == ("",)
+    x = torch.randn(2, 8)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        eager = loaded(x)
+        compiled = torch.compile(loaded, fullgraph=True, backend="aot_eager")(x)
+    assert torch.equal(eager, compiled)

@@ -168,7 +168,7 @@ def install(model: nn.Module, execution: Execution) -> Wrapped:
         if path == "" or any(_region_of(a, fp32_own, fp32_tree) is not region for a in ancestors):
             wrapped.append((module, module.__dict__.get("forward"), hook))
             module.forward = _region_forward(module.forward, region, execution.device, execution.dtype,
-                                             root=path == "", subtree=tuple(module.modules()))
+                                             root=path == "", module=module)
         elif hook is not None:
             wrapped.append((module, _UNCHANGED, hook))
         if path in execution.unnested:  # see the docstring
@@ -218,15 +218,15 @@ def uninstall(wrapped: Wrapped) -> None:
 
 
 def _region_forward(original: Callable[..., Any], region: _Region, device: str, lower: torch.dtype, *,
-                    root: bool, subtree: tuple[nn.Module, ...]) -> Callable[..., Any]:
-    """`original` run in `region`. An FP32 region's inputs are cast to FP32 on the way in: its arguments, and the
-    attributes of its modules (`subtree`) a caller set to low-precision tensors (`_attributes_to_fp32`)."""
+                    root: bool, module: nn.Module) -> Callable[..., Any]:
+    """`original` (`module`'s forward) run in `region`. An FP32 region's inputs are cast to FP32 on the way in: its
+    arguments, and the attributes of `module` a caller set to low-precision tensors (`_attributes_to_fp32`)."""
     if region is _Region.FP32:
         @functools.wraps(original)
         def fp32_forward(*args: Any, **kwargs: Any) -> Any:
             if not root and (not torch.is_autocast_enabled(device) or _in_model_block()):  # FP32 already, or the
                 return original(*args, **kwargs)  # model's own autocast block decides
-            swapped = _attributes_to_fp32(subtree)
+            swapped = _attributes_to_fp32(module)
             try:
                 with torch.autocast(device, enabled=False):
                     return _in_region(original, _to_fp32(args), _to_fp32(kwargs))
@@ -316,20 +316,21 @@ _MODULE_STATE = frozenset(vars(nn.Module()))
 _Swapped = list[tuple[nn.Module, str, Any, Any]]  # (module, attribute, what the caller set, what the island saw)
 
 
-def _attributes_to_fp32(modules: tuple[nn.Module, ...]) -> _Swapped:
-    """Low-precision tensors a caller handed to an FP32 island as attributes of its modules (`self.island.ctx =
-    h` before `self.island(x)`, issue 34), set to their FP32 casts for the island's call; `_put_back` restores
-    the caller's objects after it. An input is an input however it is passed: as an argument it is cast by
-    `_to_fp32`, so as an attribute too (by the same structure rules); the module's own state is left alone."""
+def _attributes_to_fp32(module: nn.Module) -> _Swapped:
+    """Low-precision tensors a caller handed to an FP32 island as attributes of it (`self.island.ctx = h` before
+    `self.island(x)`, issue 34), set to their FP32 casts for the island's call; `_put_back` restores the
+    caller's objects after it. An input is an input however it is passed: as an argument it is cast by
+    `_to_fp32`, so as an attribute too (by the same structure rules). Only the island's own attributes: what
+    its code hands its children comes from it (FP32, or cast back by their wrappers); the module's own state
+    and mpt's (`_mpt_*`: the attachment of a root island) are left alone, so a call walks one small dict."""
     swapped: _Swapped = []
-    for module in modules:
-        for name, value in vars(module).items():
-            if name in _MODULE_STATE or not isinstance(value, torch.Tensor | tuple | list | dict) \
-                    and not _is_dataclass(value):
-                continue
-            cast = _to_fp32(value)
-            if cast is not value:
-                swapped.append((module, name, value, cast))
+    for name, value in vars(module).items():
+        if name in _MODULE_STATE or name.startswith("_mpt") or \
+                not isinstance(value, torch.Tensor | tuple | list | dict) and not _is_dataclass(value):
+            continue
+        cast = _to_fp32(value)
+        if cast is not value:
+            swapped.append((module, name, value, cast))
     for module, name, _, cast in swapped:
         module.__dict__[name] = cast
     return swapped

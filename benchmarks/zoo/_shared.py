@@ -150,6 +150,25 @@ def mean_pool(hidden: Tensor, mask: Tensor) -> Tensor:
     return (hidden * m).sum(dim=-2) / m.sum(dim=-2).clamp(min=1e-9)
 
 
+def photos(n: int, size: int, seed: int) -> Tensor:
+    """Seeded "photos" (n, 3, size, size): a smooth random field (upsampled 8x8 noise) plus fine noise, normalised
+    per channel. The CNNs' data (resnet18, unet)."""
+    g = generator(seed)
+    coarse = torch.randn(n, 3, 8, 8, generator=g)
+    smooth = torch.nn.functional.interpolate(coarse, size=(size, size), mode="bilinear", align_corners=False)
+    x = smooth + 0.3 * torch.randn(n, 3, size, size, generator=g)
+    return (x - x.mean(dim=(0, 2, 3), keepdim=True)) / x.std(dim=(0, 2, 3), keepdim=True)
+
+
+def mean_cosine(ref: list[Tensor], outs: list[Tensor]) -> float:
+    """Mean cosine similarity of matching rows (over the last dim) across batches: `cosine_sum` pooled."""
+    total, count = 0.0, 0
+    for r, out in zip(ref, outs, strict=True):
+        s, n = cosine_sum(r, out)
+        total, count = total + s, count + n
+    return total / count
+
+
 def cosine_sum(ref: Tensor, out: Tensor) -> tuple[float, int]:
     """(sum of cosine similarities between matching rows of ref and out, number of rows), over the last dim."""
     a = ref.detach().double().flatten(0, -2)

@@ -87,11 +87,7 @@ def _reference(device: torch.device | None = None) -> list[torch.Tensor]:
 def evaluate(model: nn.Module) -> float:
     """Mean cosine similarity of the mean-pooled sentence embeddings to the FP32 ones."""
     ref = _reference(_shared.device_of(model))
-    total, count = 0.0, 0
-    for r, e in zip(ref, _embeddings(model)):
-        s, n = _shared.cosine_sum(r, e)
-        total, count = total + s, count + n
-    return total / count
+    return _shared.mean_cosine(ref, _embeddings(model))
 
 
 def example_inputs() -> dict[str, torch.Tensor]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import _shared
@@ -78,18 +77,9 @@ class ResNet18(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
-def _images(n: int, size: int, seed: int) -> torch.Tensor:
-    """Seeded "photos": a smooth random field (upsampled 8x8 noise) plus fine noise, normalised per channel."""
-    g = _shared.generator(seed)
-    coarse = torch.randn(n, 3, 8, 8, generator=g)
-    smooth = F.interpolate(coarse, size=(size, size), mode="bilinear", align_corners=False)
-    x = smooth + 0.3 * torch.randn(n, 3, size, size, generator=g)
-    return (x - x.mean(dim=(0, 2, 3), keepdim=True)) / x.std(dim=(0, 2, 3), keepdim=True)
-
-
 @functools.lru_cache(maxsize=2)
 def _data(images: int, size: int) -> torch.Tensor:
-    return _images(images, size, seed=1)
+    return _shared.photos(images, size, seed=1)
 
 
 def data() -> torch.Tensor:
@@ -111,7 +101,7 @@ def build_model() -> nn.Module:
             if isinstance(m, BasicBlock):
                 nn.init.constant_(m.bn2.weight, 0.5)
     # BatchNorm statistics from 4 seeded calibration batches (not the evaluation images).
-    calib = _images(64, c["image"], seed=2)
+    calib = _shared.photos(64, c["image"], seed=2)
     for m in model.modules():
         if isinstance(m, nn.BatchNorm2d):
             m.momentum = None  # cumulative average over the calibration batches

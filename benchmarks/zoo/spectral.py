@@ -94,11 +94,7 @@ def _outputs(model: nn.Module) -> list[torch.Tensor]:
 def evaluate(model: nn.Module) -> float:
     """Mean cosine similarity of each output function to the FP32 model's."""
     ref = _shared.reference(f"spectral/{_shared.size()}", build_model, _outputs, _shared.device_of(model))
-    total, count = 0.0, 0
-    for r, out in zip(ref, _outputs(model), strict=True):
-        s, n = _shared.cosine_sum(r, out)
-        total, count = total + s, count + n
-    return total / count
+    return _shared.mean_cosine(ref, _outputs(model))
 
 
 def example_inputs() -> tuple[torch.Tensor]:

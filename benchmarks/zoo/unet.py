@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import _shared
@@ -63,17 +62,9 @@ class UNet(nn.Module):
         return self.head(x)
 
 
-def _images(n: int, size: int, seed: int) -> torch.Tensor:
-    g = _shared.generator(seed)
-    coarse = torch.randn(n, 3, 8, 8, generator=g)
-    x = F.interpolate(coarse, size=(size, size), mode="bilinear", align_corners=False)
-    x = x + 0.3 * torch.randn(n, 3, size, size, generator=g)
-    return (x - x.mean(dim=(0, 2, 3), keepdim=True)) / x.std(dim=(0, 2, 3), keepdim=True)
-
-
 @functools.lru_cache(maxsize=2)
 def _data(images: int, size: int) -> torch.Tensor:
-    return _images(images, size, seed=1)
+    return _shared.photos(images, size, seed=1)
 
 
 def data() -> torch.Tensor:
@@ -90,7 +81,7 @@ def build_model() -> nn.Module:
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
                 if m.bias is not None:
                     nn.init.normal_(m.bias, std=0.1)
-    calib = _images(32, c["image"], seed=2)
+    calib = _shared.photos(32, c["image"], seed=2)
     for m in model.modules():
         if isinstance(m, nn.BatchNorm2d):
             m.momentum = None  # cumulative average over the calibration batches
@@ -111,11 +102,7 @@ def _maps(model: nn.Module) -> list[torch.Tensor]:
 def evaluate(model: nn.Module) -> float:
     """Mean cosine similarity of each image's output map to the FP32 model's."""
     ref = _shared.reference(f"unet/{_shared.size()}", build_model, _maps, _shared.device_of(model))
-    total, count = 0.0, 0
-    for r, out in zip(ref, _maps(model), strict=True):
-        s, n = _shared.cosine_sum(r, out)
-        total, count = total + s, count + n
-    return total / count
+    return _shared.mean_cosine(ref, _maps(model))
 
 
 def example_inputs() -> tuple[torch.Tensor]:

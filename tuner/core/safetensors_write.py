@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from tuner.core.direct_io import DirectWriter
 
@@ -54,8 +54,8 @@ def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
     """A safetensors file's tensors as they were before `write_safetensors` stored them (complex128 included)."""
     from safetensors import safe_open
 
-    tensors = load_file(str(path))
-    with safe_open(str(path), framework="pt") as fh:
+    with safe_open(str(path), framework="pt") as fh:  # (what load_file does, with the metadata from the same open)
+        tensors = {name: fh.get_tensor(name) for name in fh.keys()}
         as_real = json.loads((fh.metadata() or {}).get(AS_REAL_KEY, "[]"))
     for name in as_real:  # (copied: the file's bytes need not sit at the 16-byte alignment complex128 kernels assume)
         tensors[name] = torch.view_as_complex(tensors[name].clone())

@@ -231,7 +231,7 @@ def _region_forward(original: Callable[..., Any], region: _Region, device: str, 
                 with torch.autocast(device, enabled=False):
                     return _in_region(original, _to_fp32(args), _to_fp32(kwargs))
             finally:
-                _put_back(swapped)
+                _put_back(module, swapped)
 
         return fp32_forward
 
@@ -313,7 +313,7 @@ def _to_fp32(x: Any) -> Any:
 
 # what every nn.Module holds in its __dict__ (parameters, buffers, children, hooks, flags): never an input
 _MODULE_STATE = frozenset(vars(nn.Module()))
-_Swapped = list[tuple[nn.Module, str, Any, Any]]  # (module, attribute, what the caller set, what the island saw)
+_Swapped = list[tuple[str, Any, Any]]  # (attribute, what the caller set, what the island saw)
 
 
 def _attributes_to_fp32(module: nn.Module) -> _Swapped:
@@ -330,15 +330,15 @@ def _attributes_to_fp32(module: nn.Module) -> _Swapped:
             continue
         cast = _to_fp32(value)
         if cast is not value:
-            swapped.append((module, name, value, cast))
-    for module, name, _, cast in swapped:
+            swapped.append((name, value, cast))
+    for name, _, cast in swapped:
         module.__dict__[name] = cast
     return swapped
 
 
-def _put_back(swapped: _Swapped) -> None:
+def _put_back(module: nn.Module, swapped: _Swapped) -> None:
     """The caller's attribute objects back, where the island's forward did not replace them with its own."""
-    for module, name, value, cast in swapped:
+    for name, value, cast in swapped:
         if module.__dict__.get(name) is cast:
             module.__dict__[name] = value
 

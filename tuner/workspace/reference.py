@@ -33,6 +33,7 @@ from tuner.core.loader import call_forward
 from tuner.core.output_files import REFERENCE_NAME
 from tuner.core.safetensors_write import FORMAT_DTYPES, encode_header
 from tuner.engine.attach import attached
+from tuner.engine.function_mode import LOWER_DTYPES
 from tuner.measure.fidelity import Metric, MetricSum, reference_of, select_output
 from tuner.workspace.manifest import Manifest
 
@@ -101,8 +102,8 @@ def as_built_fp32(model: torch.nn.Module) -> bool:
     """`model` is the FP32 model with no plan attached (float64, complex or integer tensors of its own allowed):
     what `ModelKeeper` lends for the baseline evaluation, whose outputs are the reference (the keeper has checked
     that every build gives the same weights)."""
-    low = (torch.bfloat16, torch.float16)  # a trial's model holds the weights its checkpoint stores lowered
-    return attached(model) is None and not any(t.dtype in low for t in (*model.parameters(), *model.buffers()))
+    tensors = (*model.parameters(), *model.buffers())  # a trial's model holds the weights its checkpoint stores lowered
+    return attached(model) is None and not any(t.dtype in LOWER_DTYPES for t in tensors)
 
 
 class FidelityEvaluate:

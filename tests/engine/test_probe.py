@@ -210,3 +210,28 @@ def test_lstm_under_a_cpu_without_avx512_bf16():
     else:  # a CPU where torch.autocast runs it
         assert data["found"] == {}
     assert data["shape"] == [2, 4]
+
+
+def test_the_engine_keeps_no_failed_calls_exception_nor_the_tensors_of_its_frames():
+    """The engine remembers which call raised (for `failed_call`) by the exception's id: holding the exception
+    would hold its traceback's frames, and every activation in them, for as long as the thread lives."""
+    import gc
+    import weakref
+
+    from tuner.engine.function_mode import PrecisionEngine
+
+    class Bad(nn.Module):
+        def forward(self, x):
+            big = torch.randn(256, 256)  # an activation of the failing frame
+            kept.append(weakref.ref(big))
+            return torch.mm(big, x)  # wrong shape: raises inside the engine's call
+
+    kept: list = []
+    engine = PrecisionEngine(Plan(dtype="bf16").policy(), torch.bfloat16, recorder=lambda *a: None)
+    with engine:
+        try:
+            Bad()(torch.randn(3, 3))
+        except RuntimeError as exc:
+            assert engine.failed_call(exc) is not None  # it does name the call
+    gc.collect()
+    assert kept[0]() is None, "the failing frame's tensor is still alive"

@@ -65,7 +65,9 @@ class _EngineThread(threading.local):
         self.counts: dict[tuple[str, str], int] = {}
         self.overrides: list[torch.dtype | None] = [None]
         self.nesting: list[int] = []  # torch.autocast's nesting depth at each entry of the engine
-        self.failed: tuple[BaseException, InstanceKey] | None = None  # the last call that raised, and its key
+        # id() of the exception the last call that raised raised, and that call's key: an id, not the exception,
+        # which would hold its traceback's frames (and every tensor in them) for as long as the thread lives
+        self.failed: tuple[int, InstanceKey] | None = None
 
 
 def casts_disabled() -> bool:
@@ -354,7 +356,7 @@ class PrecisionEngine(TorchFunctionMode):
                     args, kwargs, casts = self._cast(args, kwargs, target)
                 out = func(*args, **kwargs)
         except Exception as exc:  # (free when nothing raises) which call it was: `failed_call`
-            self._thread.failed = (exc, (path, name, index))
+            self._thread.failed = (id(exc), (path, name, index))
             raise
 
         if (self.recorder is not None or self.verbose is not None) and (
@@ -372,7 +374,7 @@ class PrecisionEngine(TorchFunctionMode):
         seen: set[int] = set()
         current: BaseException | None = exc
         while failed is not None and current is not None and id(current) not in seen:
-            if failed[0] is current:
+            if failed[0] == id(current):
                 return failed[1] if self._need_index else None
             seen.add(id(current))
             current = current.__cause__ or current.__context__

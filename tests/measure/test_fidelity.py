@@ -7,17 +7,18 @@ import pytest
 import torch
 
 from tuner.core.errors import ConfigError
-from tuner.measure.fidelity import Metric, MetricSum, reference_of, select_output
+from tuner.measure.fidelity import Frame, Layout, Metric, MetricSum, reference_of, select_output
 
 
 def _metric(metric: Metric, ref: torch.Tensor, out: torch.Tensor, mask: torch.Tensor | None = None) -> float:
     total = MetricSum(metric)
-    total.add(out, mask, reference_of(metric, ref, mask))
+    frame = Frame(Layout.LAST, mask)
+    total.add(out, frame, reference_of(metric, ref, frame))
     return total.value()
 
 
 def test_directions_and_default_tolerances():
-    assert [m.lower_is_better for m in Metric] == [False, False, True, True]
+    assert [m.lower_is_better for m in Metric] == [False, False, True, True, True, True]
     assert Metric.AGREEMENT.default_tolerance == 0.01 and Metric.COSINE.default_tolerance == 0.001
 
 
@@ -57,7 +58,7 @@ def test_sums_over_batches_weigh_each_position_once():
     refs, outs = [torch.randn(3, 4), torch.randn(5, 4)], [torch.randn(3, 4), torch.randn(5, 4)]
     total = MetricSum(Metric.COSINE)
     for r, o in zip(refs, outs):
-        total.add(o, None, reference_of(Metric.COSINE, r, None))
+        total.add(o, Frame(Layout.LAST), reference_of(Metric.COSINE, r, Frame(Layout.LAST)))
     whole = torch.nn.functional.cosine_similarity(torch.cat(outs), torch.cat(refs), dim=-1).mean()
     assert total.value() == pytest.approx(float(whole), rel=1e-6)
     assert math.isnan(MetricSum(Metric.KL).value())
@@ -65,7 +66,7 @@ def test_sums_over_batches_weigh_each_position_once():
 
 def test_agreement_needs_a_class_dimension():
     with pytest.raises(ConfigError, match="class dimension"):
-        reference_of(Metric.AGREEMENT, torch.randn(4), None)
+        reference_of(Metric.AGREEMENT, torch.randn(4), Frame(Layout.LAST))
 
 
 def test_select_output_default_and_dotted_paths():
@@ -87,8 +88,8 @@ def test_kl_of_an_output_against_itself_is_never_negative():
     KL of the two is 0 to float precision, never the -1.6e-08 the sum of rounding errors gave."""
     y = torch.randn(16, 50, generator=torch.Generator().manual_seed(0)) * 4
     total = MetricSum(Metric.KL)
-    total.add(y, None, torch.log_softmax(y.double(), dim=-1).float())
+    total.add(y, Frame(Layout.LAST), torch.log_softmax(y.double(), dim=-1).float())
     assert 0 <= total.value() < 1e-7
     worse = MetricSum(Metric.KL)
-    worse.add(y.bfloat16().float(), None, reference_of(Metric.KL, y, None))
+    worse.add(y.bfloat16().float(), Frame(Layout.LAST), reference_of(Metric.KL, y, Frame(Layout.LAST)))
     assert worse.value() > total.value()  # a real difference still counts in full

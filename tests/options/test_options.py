@@ -234,9 +234,12 @@ def test_check_takes_the_model_file_from_flag_or_key(runner, tmp_path, model):
 @pytest.mark.parametrize(("arch", "metric"), [
     ("GPT2LMHeadModel", "agreement"), ("XLMWithLMHeadModel", "agreement"), ("LlamaForCausalLM", "agreement"),
     ("BertForSequenceClassification", "agreement"), ("T5ForConditionalGeneration", "agreement"),
-    ("BertModel", "cosine"), ("BertForQuestionAnswering", "cosine"), ("DPTForDepthEstimation", "cosine")])
+    ("BertModel", "cosine"), ("BertForQuestionAnswering", "cosine"), ("DPTForDepthEstimation", "cosine"),
+    ("MarianMTModel", "agreement"), ("SegformerForSemanticSegmentation", "agreement"),
+    ("ElectraForPreTraining", "agreement"), ("BertForTokenClassification", "agreement"), ("MarianModel", "cosine")])
 def test_an_hf_folders_default_metric_follows_what_its_class_outputs(tmp_path, arch, metric):
     """Logits over a vocabulary or classes get agreement, whatever the class is called (no "For" in GPT-2's
-    LM head); embeddings, spans and regressions get cosine."""
+    LM head, `MarianMTModel` a sequence-to-sequence LM by transformers' own task lists); embeddings, spans and
+    regressions get cosine."""
     (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch]}))
     assert TuneCommandOptions(model=f"hf:{tmp_path}").metric == metric

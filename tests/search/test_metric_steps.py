@@ -24,3 +24,19 @@ def test_the_note_names_how_many_steps_the_tolerance_allows():
     note = coarse_metric_note(values, allowed=1.5 / 1152)
     assert note is not None and "allows 1.5 of them" in note
     assert coarse_metric_note(values, allowed=40 / 1152) is None  # plenty of steps: no note
+
+
+def test_a_builtin_agreement_knows_its_step_however_few_evaluations_ran():
+    """A classifier judged on 16 samples moves 1/16 = 6.25% per changed answer against a 1% tolerance: the note
+    comes after 2 evaluations, where the values alone (too few to show a step) could not tell."""
+    import tuner
+    from torch import nn
+
+    def build():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4)).eval()
+
+    batches = [(torch.randn(8, 8, generator=torch.Generator().manual_seed(i)),) for i in range(2)]
+    result = tuner.tune(build, metric="agreement", example_inputs=batches, max_evals=2)
+    assert result.evals == 2
+    assert any("steps of 0.0625 and the tolerance allows 0.2 of them" in n for n in result.notes), result.notes

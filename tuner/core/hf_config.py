@@ -2,6 +2,9 @@
 (the options check them before anything heavy is imported)."""
 from __future__ import annotations
 
+import ast
+import functools
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -47,23 +50,68 @@ def architecture(folder: Path) -> str | None:
     return next((n for n in names if isinstance(n, str)), None) if isinstance(names, list) else None
 
 
-# Classes whose `logits` are scores over a vocabulary or over classes, by transformers' naming: the task heads
-# `...ForCausalLM`, `...ForMaskedLM`, `...ForConditionalGeneration`, `...ForSequenceClassification`, ... and the
-# older LM heads without "For" (`GPT2LMHeadModel`, `XLMWithLMHeadModel`, `GPT2DoubleHeadsModel`). Heads whose
-# output is no such score (`...ForQuestionAnswering` spans, `...ForDepthEstimation`, segmentation maps) are not.
-_SCORES = re.compile(r"(For\w*(LM|Classification|Generation|MultipleChoice|PreTraining|NextSentencePrediction|CTC)"
-                     r"|LMHeadModel|WithLMHead|DoubleHeadsModel)$")
+# transformers' own list of which class serves which task (`models/auto/modeling_auto.py`), read as text so
+# that the options check imports neither torch nor transformers. A class listed under one of these tasks outputs
+# scores over a vocabulary or classes (per sample, per token or per pixel); one listed under other tasks only
+# (`MODEL_MAPPING_NAMES`: the bare encoders; question answering's spans, depth maps) outputs no such score.
+_SCORE_TASKS = frozenset(f"MODEL_FOR_{task}_MAPPING_NAMES" for task in (
+    "CAUSAL_LM", "MASKED_LM", "SEQ_TO_SEQ_CAUSAL_LM", "SPEECH_SEQ_2_SEQ", "PRETRAINING", "SEQUENCE_CLASSIFICATION",
+    "TOKEN_CLASSIFICATION", "MULTIPLE_CHOICE", "NEXT_SENTENCE_PREDICTION", "IMAGE_CLASSIFICATION",
+    "SEMANTIC_SEGMENTATION", "AUDIO_CLASSIFICATION", "AUDIO_FRAME_CLASSIFICATION", "CTC", "VIDEO_CLASSIFICATION",
+    "TIME_SERIES_CLASSIFICATION", "IMAGE_TEXT_TO_TEXT", "MULTIMODAL_LM"))
+
+# The fallback for a class transformers' lists do not name (a newer or older transformers, a custom class), by
+# transformers' naming: the task heads `...ForCausalLM`, `...ForMaskedLM`, `...ForConditionalGeneration`,
+# `...ForSequenceClassification`, `...ForSemanticSegmentation`, ... and the older LM heads without "For"
+# (`GPT2LMHeadModel`, `XLMWithLMHeadModel`, `GPT2DoubleHeadsModel`, `MarianMTModel`).
+_SCORES = re.compile(r"(For\w*(LM|Classification|Generation|MultipleChoice|PreTraining|NextSentencePrediction|CTC"
+                     r"|Segmentation)|LMHeadModel|WithLMHead|DoubleHeadsModel|MTModel)$")
+
+
+@functools.lru_cache(maxsize=1)
+def _task_classes() -> dict[str, bool]:
+    """Each class transformers' auto mappings name -> whether one of its tasks outputs scores; {} when
+    transformers is not installed or its file reads otherwise."""
+    try:
+        spec = importlib.util.find_spec("transformers")
+        if spec is None or spec.origin is None:
+            return {}
+        tree = ast.parse((Path(spec.origin).parent / "models" / "auto" / "modeling_auto.py").read_text("utf-8"))
+    except (OSError, ValueError, SyntaxError, ImportError):
+        return {}
+    classes: dict[str, bool] = {}
+    for node in tree.body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.Call)
+                and node.value.args):
+            continue
+        target = node.targets[0]
+        if not (isinstance(target, ast.Name) and target.id.endswith("_MAPPING_NAMES")):
+            continue
+        try:
+            pairs = ast.literal_eval(node.value.args[0])
+        except (ValueError, TypeError, SyntaxError):
+            continue
+        for pair in pairs if isinstance(pairs, (list, tuple)) else ():
+            names = pair[1] if isinstance(pair, tuple) and len(pair) == 2 else ()
+            for name in names if isinstance(names, (tuple, list)) else (names,):
+                if isinstance(name, str):
+                    classes[name] = classes.get(name, False) or target.id in _SCORE_TASKS
+    return classes
 
 
 def outputs_scores(arch: str) -> bool:
-    """Whether class `arch`'s output is logits over a vocabulary or classes (what agreement compares)."""
-    return bool(_SCORES.search(arch))
+    """Whether class `arch`'s output is logits over a vocabulary or classes (what agreement compares): by the
+    tasks transformers lists the class under (`MarianMTModel` is a sequence-to-sequence LM whatever its name
+    says), else by its name."""
+    listed = _task_classes().get(arch)
+    return bool(_SCORES.search(arch)) if listed is None else listed
 
 
 def default_metric_name(spec: str) -> str:
     """agreement for a model whose output is logits over a vocabulary or classes (`BertForMaskedLM`,
-    `GPT2LMHeadModel`, `...ForSequenceClassification`), where the top answer is what the user sees; cosine for
-    any other output: an encoder (`BertModel`), a sentence-transformers folder, a regression or span head."""
+    `GPT2LMHeadModel`, `MarianMTModel`, `...ForSequenceClassification`, `SegformerForSemanticSegmentation`,
+    `ElectraForPreTraining`), where the top answer is what the user sees; cosine for any other output: an
+    encoder (`BertModel`), a sentence-transformers folder, a regression or span head."""
     folder = hf_folder(spec)
     arch = architecture(folder) or ""
     scores = outputs_scores(arch) and not (folder / "modules.json").is_file()

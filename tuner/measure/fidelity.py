@@ -6,11 +6,14 @@ reference and accumulates a single number, so the batches stream and memory stay
 
     agreement  share of positions whose top-1 class is the FP32 model's (higher is better, FP32: 1)
     cosine     mean cosine similarity of the output vectors (higher is better, FP32: 1)
-    kl         mean KL(FP32 || trial) of the softmax over the last dim, in nats (lower is better, FP32: 0)
+    kl         mean KL(FP32 || trial) of the softmax over the classes, in nats (lower is better, FP32: 0)
     rel-error  relative L2 error ||y - y_ref|| / ||y_ref|| over all positions (lower is better, FP32: 0)
+    loss       the language model's own mean next-token NLL on the data, in nats (lower is better)
+    perplexity exp(loss) (lower is better)
 
-A "position" is a sample for a [batch, classes] output and a token for a [batch, tokens, ...] output; with
-an `attention_mask` in the batch, padded tokens (mask 0) are left out.
+A "position" is what `tuner.measure.output_meaning.Frame` says: a sample of [batch, classes], a token of
+[batch, tokens, ...] or of a discriminator's [batch, tokens] (one binary score: its sign is the answer), a pixel
+of [batch, classes, h, w]; padded tokens (mask 0) are left out.
 """
 from __future__ import annotations
 
@@ -24,31 +27,45 @@ import torch
 from torch import Tensor
 
 from tuner.core.errors import ConfigError
+from tuner.measure.output_meaning import IGNORE, Frame, Layout
 
-__all__ = ["Metric", "select_output", "reference_of", "MetricSum", "DEFAULT_OUTPUTS"]
+__all__ = ["Metric", "select_output", "reference_of", "MetricSum", "DEFAULT_OUTPUTS", "Frame", "Layout"]
 
 # Tried in order when no output is named: a head's logits, a sentence encoder's embedding, an encoder's states.
 DEFAULT_OUTPUTS = ("logits", "sentence_embedding", "last_hidden_state")
 
 
 class Metric(str, enum.Enum):
-    """A built-in fidelity metric; its direction and default tolerance (absolute: the FP32 value is exact)."""
+    """A built-in fidelity metric; its direction and default tolerance (absolute where the FP32 value is exact:
+    the metrics against FP32; relative for the loss metrics, whose FP32 value is the model's own)."""
 
     AGREEMENT = "agreement"
     COSINE = "cosine"
     KL = "kl"
     REL_ERROR = "rel-error"
+    LOSS = "loss"
+    PERPLEXITY = "perplexity"
 
     @property
     def lower_is_better(self) -> bool:
-        return self in (Metric.KL, Metric.REL_ERROR)
+        return self in (Metric.KL, Metric.REL_ERROR, Metric.LOSS, Metric.PERPLEXITY)
+
+    @property
+    def scores_tokens(self) -> bool:
+        """The metric scores the data's next tokens with the model's logits (no FP32 outputs compared)."""
+        return self in (Metric.LOSS, Metric.PERPLEXITY)
+
+    @property
+    def absolute(self) -> bool:
+        return not self.scores_tokens
 
     @property
     def default_tolerance(self) -> float:
         return _DEFAULT_TOLERANCE[self]
 
 
-_DEFAULT_TOLERANCE = {Metric.AGREEMENT: 0.01, Metric.COSINE: 0.001, Metric.KL: 0.01, Metric.REL_ERROR: 0.02}
+_DEFAULT_TOLERANCE = {Metric.AGREEMENT: 0.01, Metric.COSINE: 0.001, Metric.KL: 0.01, Metric.REL_ERROR: 0.02,
+                      Metric.LOSS: 0.01, Metric.PERPLEXITY: 0.01}
 
 
 def _step(value: Any, key: str) -> Any:
@@ -96,29 +113,47 @@ def select_output(output: Any, path: str | None) -> Tensor:
     return value
 
 
-def _positions(y: Tensor, mask: Tensor | None, *, vectors: bool) -> Tensor:
-    """`y` as rows, one per position: [N, last dim] for vectors, [N] otherwise; masked positions dropped."""
+def _positions(y: Tensor, frame: Frame) -> Tensor:
+    """`y` as rows [N, scores], one per position of `frame`'s layout (a token score is a row of one); masked
+    positions dropped."""
     y = y.float()
-    if vectors and y.dim() == 1:
+    if frame.layout is Layout.PIXELS:
+        y = y.movedim(1, -1)
+    elif frame.layout is Layout.TOKEN_SCORES:
+        y = y.unsqueeze(-1)
+    elif y.dim() == 1:
         y = y.unsqueeze(0)
-    lead = y.shape[:-1] if vectors else y.shape
-    flat = y.reshape(-1, y.shape[-1]) if vectors else y.reshape(-1)
-    if mask is not None and len(lead) >= 2 and tuple(mask.shape) == tuple(lead[:2]):
+    lead, mask = y.shape[:-1], frame.mask
+    flat = y.reshape(-1, y.shape[-1])
+    if frame.layout is not Layout.PIXELS and mask is not None and len(lead) >= 2 \
+            and tuple(mask.shape) == tuple(lead[:2]):
         keep = mask.reshape(mask.shape[0], mask.shape[1], *([1] * (len(lead) - 2))).expand(lead).reshape(-1) != 0
-        flat = flat[keep]
+        flat = flat[keep.to(flat.device)]
     return flat
 
 
-def reference_of(metric: Metric, y: Tensor, mask: Tensor | None) -> Tensor:
+def _classes(rows: Tensor) -> Tensor:
+    """Rows of class scores: a single score is a binary logit, the classes (x, 0) (softmax: sigmoid(x))."""
+    return torch.cat([rows, torch.zeros_like(rows)], dim=-1) if rows.shape[-1] == 1 else rows
+
+
+def reference_of(metric: Metric, y: Tensor, frame: Frame) -> Tensor:
     """What the reference store keeps of the FP32 output for `metric`: the top-1 index per position for
-    agreement (small), the log-probabilities for kl, the float output rows otherwise."""
+    agreement (small), the log-probabilities for kl, the target token per logits position for the loss metrics
+    (the output is not needed), the float output rows otherwise."""
+    if metric.scores_tokens:
+        assert frame.targets is not None, "the loss metrics' frame holds the targets"
+        return frame.targets.reshape(-1)
     if metric is Metric.AGREEMENT:
         if y.dim() < 2:
             raise ConfigError("metric: agreement compares the top-1 class, and needs an output with a class "
                               f"dimension (found shape {list(y.shape)}); use cosine or rel-error", fields=("metric",))
-        return _positions(y, mask, vectors=True).argmax(dim=-1)
-    rows = _positions(y, mask, vectors=True)
-    return torch.log_softmax(rows, dim=-1) if metric is Metric.KL else rows
+        return _classes(_positions(y, frame)).argmax(dim=-1)
+    rows = _positions(y, frame)
+    if metric is Metric.COSINE and frame.layout is Layout.TOKEN_SCORES:
+        raise ConfigError("metric: cosine compares vectors, and this output holds one score per token (shape "
+                          f"{list(y.shape)}): use agreement (its sign), kl or rel-error", fields=("metric",))
+    return torch.log_softmax(_classes(rows), dim=-1) if metric is Metric.KL else rows
 
 
 @dataclass
@@ -129,21 +164,24 @@ class MetricSum:
     total: float = 0.0
     count: float = 0.0
 
-    def add(self, y: Tensor, mask: Tensor | None, reference: Tensor) -> None:
+    def add(self, y: Tensor, frame: Frame, reference: Tensor) -> None:
         """Add one batch: `y` the trial's output, `reference` what `reference_of` kept of the FP32 one."""
-        rows = _positions(y.detach(), mask, vectors=True)
+        if self.metric.scores_tokens:
+            self._add_nll(y.detach(), reference)
+            return
+        rows = _positions(y.detach(), frame)
         if rows.shape[0] != reference.shape[0]:
             raise ConfigError(f"output: the compared output has {rows.shape[0]} positions in this batch, the FP32 "
                               f"reference {reference.shape[0]}: the model's output shape changed", fields=("output",))
         reference = reference.to(rows.device)
         if self.metric is Metric.AGREEMENT:
-            self.total += float((rows.argmax(dim=-1) == reference).sum())
+            self.total += float((_classes(rows).argmax(dim=-1) == reference).sum())
             self.count += rows.shape[0]
         elif self.metric is Metric.COSINE:
             self.total += float(torch.nn.functional.cosine_similarity(rows, reference, dim=-1).double().sum())
             self.count += rows.shape[0]
         elif self.metric is Metric.KL:
-            logp = torch.log_softmax(rows, dim=-1)
+            logp = torch.log_softmax(_classes(rows), dim=-1)
             kl = (reference.exp() * (reference - logp)).sum(dim=-1)
             # KL >= 0; float rounding of two nearly equal distributions gives -1e-8 at a position, which
             # printed as a negative KL reads as a bug: each position counts as 0 then (it is 0 to that precision)
@@ -153,9 +191,27 @@ class MetricSum:
             self.total += float((rows - reference).double().pow(2).sum())
             self.count += float(reference.double().pow(2).sum())
 
+    def _add_nll(self, logits: Tensor, targets: Tensor) -> None:
+        """The summed next-token NLL of the scored positions (targets not IGNORE), in float32 or wider."""
+        rows = logits.reshape(-1, logits.shape[-1])
+        targets = targets.to(rows.device)
+        if rows.shape[0] != targets.shape[0]:
+            raise ConfigError(f"output: the logits have {rows.shape[0]} positions in this batch, the token targets "
+                              f"{targets.shape[0]}: the model's output shape changed", fields=("output",))
+        nll = torch.nn.functional.cross_entropy(rows.float(), targets, ignore_index=IGNORE, reduction="sum")
+        self.total += float(nll.double())
+        self.count += float((targets != IGNORE).sum())
+
     def value(self) -> float:
         if self.count == 0:
             return math.nan
         if self.metric is Metric.REL_ERROR:
             return math.sqrt(self.total / self.count)
+        if self.metric is Metric.PERPLEXITY:
+            return math.exp(self.total / self.count)
         return self.total / self.count
+
+    def step(self) -> float | None:
+        """The least change of `value()` between two evaluations on the same data: one position's answer
+        (1 / positions) for agreement, which counts answers; None for a continuous metric."""
+        return 1.0 / self.count if self.metric is Metric.AGREEMENT and self.count > 0 else None

@@ -36,7 +36,8 @@ def inputs_option() -> Any:
                   metavar=FUNCTION_METAVAR)
 
 
-METRICS = ("agreement", "cosine", "kl", "rel-error")  # tuner.measure.fidelity.Metric's values
+METRICS = ("agreement", "cosine", "kl", "rel-error", "loss", "perplexity")  # tuner.measure.fidelity.Metric's values
+LOSS_METRICS = ("loss", "perplexity")  # the model's own next-token loss: lower is better, relative tolerance
 
 
 def data_option() -> Any:

@@ -10,6 +10,7 @@ from tuner.core.dtypes import lower_name
 from tuner.options.fields import Kind, Options, option
 from tuner.options.shared import (
     DEFAULT_PRESET,
+    LOSS_METRICS,
     METRICS,
     batch_size_option,
     data_option,
@@ -45,7 +46,8 @@ class TuneOptions(Options):
     preset: str | None = preset_option()
     tolerance: float = tolerance_option(None, "Allowed loss against the FP32 baseline: relative (0.01 = 1%) unless "
                                               "--absolute. Default 0.01; with --metric, the metric's own (absolute: "
-                                              "agreement 0.01, cosine 0.001, kl 0.01, rel-error 0.02).")
+                                              "agreement 0.01, cosine 0.001, kl 0.01, rel-error 0.02; relative: "
+                                              "loss and perplexity 0.01).")
     absolute: bool = option(False, "Treat --tolerance as an absolute drop of the metric.", Kind.BOOL)
     lower_is_better: bool = option(False, "The metric is a loss/perplexity: lower is better.", Kind.BOOL)
     max_evals: int | None = option(None, "Stop after N full evaluations (the baseline's runs included; at least 2).",
@@ -62,8 +64,9 @@ class TuneOptions(Options):
 
     metric: str | None = option(None, "Built-in fidelity metric against the FP32 model's outputs on calibration "
                                 "batches (--data, calibration_batches() or a list from example_inputs()), used "
-                                "instead of evaluate: agreement (top-1), cosine, kl, rel-error. Sets "
-                                "--lower-is-better and --absolute for the metric.", Kind.CHOICE, choices=METRICS)
+                                "instead of evaluate: agreement (top-1), cosine, kl, rel-error; or a language "
+                                "model's own next-token loss or perplexity on the data. Sets --lower-is-better "
+                                "(and --absolute for a metric against FP32).", Kind.CHOICE, choices=METRICS)
     output: str | None = option(None, "The output --metric compares: logits, last_hidden_state or a dotted path "
                                 "(hidden_states.2); default the output itself if a tensor, else logits, "
                                 "sentence_embedding, last_hidden_state, the first tensor.", Kind.STR, metavar="PATH")
@@ -79,19 +82,21 @@ class TuneOptions(Options):
             object.__setattr__(self, "preset", DEFAULT_PRESET[self.device])
 
     def _metric_defaults(self) -> None:
-        """A built-in metric's direction, absolute tolerance and default tolerance (the FP32 value is exact)."""
+        """A built-in metric's direction, absolute tolerance and default tolerance: absolute against FP32 (its
+        value is exact), relative for the loss metrics (`--absolute` still makes theirs absolute)."""
         if self.metric not in METRICS:
             if self.tolerance is None:
                 object.__setattr__(self, "tolerance", 0.01)
             return
-        lower = self.metric in ("kl", "rel-error")
+        lower = self.metric in ("kl", "rel-error", *LOSS_METRICS)
         if self.lower_is_better and not lower:
             return  # _rules says why
         object.__setattr__(self, "lower_is_better", lower)
-        object.__setattr__(self, "absolute", True)
+        if self.metric not in LOSS_METRICS:
+            object.__setattr__(self, "absolute", True)
         if self.tolerance is None:
             object.__setattr__(self, "tolerance", {"agreement": 0.01, "cosine": 0.001, "kl": 0.01,
-                                                   "rel-error": 0.02}[self.metric])
+                                                   "rel-error": 0.02, "loss": 0.01, "perplexity": 0.01}[self.metric])
 
     def _rules(self, bad: Collection[str]) -> list[tuple[str, str]]:
         problems = [*super()._rules(bad), *tolerance_rule(vars(self), bad)]

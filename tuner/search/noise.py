@@ -108,10 +108,12 @@ def metric_step(values: list[float]) -> float | None:
     return step if whole else None
 
 
-def coarse_metric_note(values: list[float], allowed: float) -> str | None:
+def coarse_metric_note(values: list[float], allowed: float, known: float | None = None) -> str | None:
     """A note when the tolerance spans only a few steps of a discrete metric: which plans pass is then
-    decided by a handful of samples flipping, a result that may not hold on other data."""
-    step = metric_step(values)
+    decided by a handful of samples flipping, a result that may not hold on other data. The step is `known`
+    when the metric says it (a built-in agreement over N positions: 1/N), however few evaluations ran; else it
+    is found in the values measured."""
+    step = known if known is not None and known > 0 else metric_step(values)
     if step is None or allowed <= 0 or allowed / step >= COARSE_STEPS:
         return None
     return (f"evaluate's metric moves in steps of {step:.3g} and the tolerance allows {allowed / step:.1f} of "

@@ -423,7 +423,7 @@ class TuneSession:
                                  "status": status.value, "stopped": stopped.value if stopped else None})
         notes, warnings = list(self.notes), list(self.warnings)
         coarse = coarse_metric_note([t.metric for t in ev.trials if t.metric is not None],
-                                    abs(base.value - accept.target))
+                                    abs(base.value - accept.target), _known_step(ev.evaluate_fn))
         if coarse and found is not None and found.instances and base.spread == 0:
             notes.append(coarse)
         leaked = self.keeper.guard.warning()
@@ -439,6 +439,17 @@ class TuneSession:
                           user_seconds=self.user_seconds, inputs=inputs, warnings=warnings,
                           noise=base.spread, rebuilds=self.keeper.rebuilds, chosen=chosen_n, lowered=lowered,
                           recorded=self.recorded, phases=self.clock)
+
+
+def _known_step(evaluate: Callable[[nn.Module], Any]) -> float | None:
+    """The step a built-in metric says it moves in (`FidelityEvaluate.metric_step`), reached through the
+    bound `UserModel.evaluate` the CLI hands over; None for the user's own evaluate."""
+    owner = getattr(evaluate, "__self__", None)
+    for fn in (evaluate, getattr(owner, "eval_fn", None)):
+        step = getattr(fn, "metric_step", None)
+        if isinstance(step, float):
+            return step
+    return None
 
 
 def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Module], Any] | None = None,

@@ -35,6 +35,7 @@ from tuner.core.safetensors_write import FORMAT_DTYPES, encode_header
 from tuner.engine.attach import attached
 from tuner.engine.function_mode import LOWER_DTYPES
 from tuner.measure.fidelity import Metric, MetricSum, reference_of, select_output
+from tuner.measure.output_meaning import Frame, frame_of
 from tuner.workspace.manifest import Manifest
 
 __all__ = ["FidelityEvaluate", "write_streamed", "read_key"]
@@ -74,11 +75,6 @@ def read_key(path: Path) -> str | None:
             return (fh.metadata() or {}).get("key")
     except Exception:  # noqa: BLE001 - unreadable or half-written: computed again
         return None
-
-
-def _mask(batch: ModelInputs) -> torch.Tensor | None:
-    mask = dict(batch.kwargs).get("attention_mask")
-    return mask if isinstance(mask, torch.Tensor) else None
 
 
 MEMORY_SHARE = 0.25  # of the device's free memory the reference may take before it is streamed to a file
@@ -124,6 +120,7 @@ class FidelityEvaluate:
         self.key = f"{metric.value}|{output or ''}|{data.digest or data.describe}"
         self.held: list[torch.Tensor] | None = None  # the reference, batch by batch, on the device
         self.builds = 0  # FP32 models built for the reference (0 when the baseline's model gave it)
+        self.metric_step: float | None = None  # the least change of a discrete metric, once it has run
 
     def describe(self) -> str:
         return f"{self.metric.value} of {self.output or 'the output'} against FP32 on {self.data.describe}"
@@ -134,10 +131,15 @@ class FidelityEvaluate:
             return Path(self._temp.name) / REFERENCE_NAME
         return self.folder / REFERENCE_NAME
 
-    def _forward(self, model: torch.nn.Module, batch: ModelInputs) -> torch.Tensor:
+    def _forward(self, model: torch.nn.Module, batch: ModelInputs) -> tuple[torch.Tensor, Frame]:
+        """The compared output of `model` on `batch`, and what its positions mean (`frame_of`)."""
         with torch.no_grad():
             out = call_forward(model, batch.to(self.device), what="forward on a calibration batch")
-        return select_output(out, self.output)
+        y = select_output(out, self.output)
+        return y, frame_of(y, batch, model, output=self.output, loss=self.metric.scores_tokens)
+
+    def _score(self, total: MetricSum, model: torch.nn.Module, batch: ModelInputs, reference: torch.Tensor) -> None:
+        total.add(*self._forward(model, batch), reference)
 
     def _compute(self, model: torch.nn.Module | None, total: MetricSum) -> None:
         """The reference, from `model` (the FP32 model as built) or a model built for it, each batch also
@@ -149,9 +151,9 @@ class FidelityEvaluate:
         budget, kept, size = memory_budget(self.device), [], 0
 
         for batch in self.data.batches():
-            y = self._forward(model, batch)
-            ref = reference_of(self.metric, y, _mask(batch))
-            total.add(y, _mask(batch), ref)
+            y, frame = self._forward(model, batch)
+            ref = reference_of(self.metric, y, frame)
+            total.add(y, frame, ref)
             del y
             size += ref.numel() * ref.element_size()
             kept.append(ref)
@@ -178,9 +180,9 @@ class FidelityEvaluate:
             for i, batch in enumerate(self.data.batches()):
                 if i < done:
                     continue
-                y = self._forward(model, batch)
-                ref = reference_of(self.metric, y, _mask(batch))
-                total.add(y, _mask(batch), ref)
+                y, frame = self._forward(model, batch)
+                ref = reference_of(self.metric, y, frame)
+                total.add(y, frame, ref)
                 yield f"batch.{i}", ref.cpu()
 
         write_streamed(path, tensors(), {"key": self.key})
@@ -197,15 +199,19 @@ class FidelityEvaluate:
         total = MetricSum(self.metric)
         self._compute(model if own else None, total)
         if own:  # scored while the reference was taken from it
-            return total.value()
+            return self._value(total)
         return self._from_held(model) if self.held is not None else self._from_file(path, model)
+
+    def _value(self, total: MetricSum) -> float:
+        self.metric_step = total.step()
+        return total.value()
 
     def _from_held(self, model: torch.nn.Module) -> float:
         """The metric of `model` against the reference kept on the device."""
         total = MetricSum(self.metric)
         for batch, reference in zip(self.data.batches(), self.held or (), strict=False):
-            total.add(self._forward(model, batch), _mask(batch), reference)
-        return total.value()
+            self._score(total, model, batch, reference)
+        return self._value(total)
 
     def _from_file(self, path: Path, model: torch.nn.Module) -> float:
         """The metric of `model` against the reference file, each batch's tensor read alone."""
@@ -217,5 +223,5 @@ class FidelityEvaluate:
             for i, batch in enumerate(self.data.batches()):
                 if i >= count:
                     break
-                total.add(self._forward(model, batch), _mask(batch), fh.get_tensor(f"batch.{i}"))
-        return total.value()
+                self._score(total, model, batch, fh.get_tensor(f"batch.{i}"))
+        return self._value(total)

@@ -139,3 +139,49 @@ def test_the_reference_comes_from_the_baseline_model_and_scores_alike_in_memory_
     low = tuner.attach(build(), "torch-cpu", "bf16")
     fresh = reference.FidelityEvaluate(Metric.KL, data, build, output=None, device="cpu", folder=None)
     assert evaluate(low) == fresh(low) > 0 and fresh.builds == 1  # a lowered model first: FP32 built once
+
+
+def _lm_data(root):
+    """Padded token data without labels."""
+    ids = torch.randint(1, 60, (8, 12), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[::2, 9:] = 0
+    save_file({"input_ids": ids, "attention_mask": mask}, root / "data.safetensors")
+    return ids, mask
+
+
+def test_perplexity_of_a_causal_lm_tuned_then_checked_to_the_same_number(runner, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=60, n_embd=16, n_layer=1, n_head=2, n_positions=16, bos_token_id=0,
+                                     eos_token_id=0)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
+    ids, mask = _lm_data(tmp_path)
+    out = tmp_path / "out"
+    res = mpt(runner, "tune", f"hf:{tmp_path / 'gpt2'}", "--metric", "perplexity", "--data",
+              tmp_path / "data.safetensors", "--out", out, "-q", "--no-latency", "--max-evals", "4")
+    assert res.exit_code in (0, 3), res.output
+    plan = yaml.safe_load((out / "plan.yaml").read_text())
+    metrics = plan["metrics"]
+    assert plan["model"]["metric"] == "perplexity"
+    assert metrics["lower_is_better"] is True and metrics["absolute"] is False and metrics["tolerance"] == 0.01
+    model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "gpt2").eval()
+    with torch.no_grad():  # the FP32 model's own loss, padding left out
+        own = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+    assert metrics["baseline"] == pytest.approx(float(own.exp()), rel=1e-5)
+    assert metrics["target"] == pytest.approx(metrics["baseline"] * 1.01)
+    check = mpt(runner, "check", out, "--json")
+    assert check.exit_code in (0, 3), check.output
+    assert json.loads(check.stdout)["metric"] == pytest.approx(metrics["tuned"], rel=1e-9)
+
+
+def test_perplexity_of_an_encoder_decoder_without_labels_is_bad_input(runner, tmp_path):
+    pytest.importorskip("transformers")
+    (tmp_path / "bart").mkdir()
+    (tmp_path / "bart" / "config.json").write_text(json.dumps({
+        "architectures": ["BartForConditionalGeneration"], "model_type": "bart", "is_encoder_decoder": True}))
+    _lm_data(tmp_path)
+    res = mpt(runner, "tune", f"hf:{tmp_path / 'bart'}", "--metric", "perplexity", "--data",
+              tmp_path / "data.safetensors", "--out", tmp_path / "out", "-q")
+    err = assert_error(res, exitcodes.USAGE, "no `labels`", "data.safetensors")
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()

@@ -93,3 +93,17 @@ def test_kl_of_an_output_against_itself_is_never_negative():
     worse = MetricSum(Metric.KL)
     worse.add(y.bfloat16().float(), Frame(Layout.LAST), reference_of(Metric.KL, y, Frame(Layout.LAST)))
     assert worse.value() > total.value()  # a real difference still counts in full
+
+
+def test_one_logit_per_position_is_a_binary_answer_and_has_no_cosine():
+    """[batch, 1] (a binary classifier's logit): agreement compares signs, kl is the Bernoulli KL; the cosine of
+    one number is only its sign, so it is refused."""
+    ref = torch.tensor([[2.0], [-1.0], [0.5], [-3.0]])
+    out = torch.tensor([[1.0], [1.0], [0.4], [-2.0]])  # the second sample changes sign
+    assert _metric(Metric.AGREEMENT, ref, out) == 0.75
+    p = torch.sigmoid(ref)
+    q = torch.sigmoid(out)
+    bernoulli = (p * (p / q).log() + (1 - p) * ((1 - p) / (1 - q)).log()).mean()
+    assert _metric(Metric.KL, ref, out) == pytest.approx(float(bernoulli), rel=1e-5)
+    with pytest.raises(ConfigError, match="one number per position"):
+        _metric(Metric.COSINE, ref, out)

@@ -1,6 +1,8 @@
 """Discrete metrics: the step they move in, and the note when the tolerance spans only a few steps."""
 import torch
+from torch import nn
 
+import tuner
 from tuner.search.noise import coarse_metric_note, metric_step
 
 
@@ -29,9 +31,6 @@ def test_the_note_names_how_many_steps_the_tolerance_allows():
 def test_a_builtin_agreement_knows_its_step_however_few_evaluations_ran():
     """A classifier judged on 16 samples moves 1/16 = 6.25% per changed answer against a 1% tolerance: the note
     comes after 2 evaluations, where the values alone (too few to show a step) could not tell."""
-    import tuner
-    from torch import nn
-
     def build():
         torch.manual_seed(0)
         return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4)).eval()

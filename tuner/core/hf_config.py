@@ -11,8 +11,8 @@ from pathlib import Path
 
 from tuner.core.errors import ConfigError
 
-__all__ = ["HF_PREFIX", "is_hf_spec", "hf_folder", "hf_files", "architecture", "outputs_scores",
-           "default_metric_name"]
+__all__ = ["HF_PREFIX", "is_hf_spec", "hf_folder", "hf_files", "architecture", "is_encoder_decoder",
+           "outputs_scores", "default_metric_name"]
 
 HF_PREFIX = "hf:"
 
@@ -41,13 +41,23 @@ def hf_files(folder: Path) -> tuple[Path, ...]:
     return tuple(p for p in (folder / "config.json", folder / "modules.json") if p.is_file())
 
 
-def architecture(folder: Path) -> str | None:
+def _config(folder: Path) -> object:
     try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        return json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         raise ConfigError(f"{folder / 'config.json'} is not readable JSON") from None
+
+
+def architecture(folder: Path) -> str | None:
+    config = _config(folder)
     names = config.get("architectures") if isinstance(config, dict) else None
     return next((n for n in names if isinstance(n, str)), None) if isinstance(names, list) else None
+
+
+def is_encoder_decoder(folder: Path) -> bool:
+    """Whether the saved model is an encoder-decoder (its logits are the decoder's: `is_encoder_decoder`)."""
+    config = _config(folder)
+    return isinstance(config, dict) and config.get("is_encoder_decoder") is True
 
 
 # transformers' own list of which class serves which task (`models/auto/modeling_auto.py`), read as text so

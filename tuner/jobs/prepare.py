@@ -17,6 +17,7 @@ from typing import Any
 from tuner.core.calibration import Calibration, data_file, function_batches
 from tuner.core.errors import ConfigError
 from tuner.core.hf import hf_forward
+from tuner.core.hf_config import is_encoder_decoder
 from tuner.core.inputs import ModelInputs
 from tuner.core.loader import DEFAULT_CALIBRATION, DEFAULT_INPUTS, UserModel, call_user, load_user_model
 from tuner.measure.fidelity import Metric
@@ -70,7 +71,7 @@ def load_model(spec: str, *, specs: Mapping[str, str | None] | None = None, fide
     if batches is None:
         return user
     if record.get("data"):
-        user = _with_data(user, batches)
+        user = _with_data(user, batches, metric)
     files = user.files + ((Path(record["data"]).resolve(),) if record.get("data") else ())
     inputs_fn = user.inputs_fn if user.inputs_fn is not None else _first(batches)
     if metric is None:
@@ -80,9 +81,15 @@ def load_model(spec: str, *, specs: Mapping[str, str | None] | None = None, fide
     return dataclasses.replace(user, eval_fn=evaluate, inputs_fn=inputs_fn, files=files)
 
 
-def _with_data(user: UserModel, batches: Calibration) -> UserModel:
+def _with_data(user: UserModel, batches: Calibration, metric: str | None) -> UserModel:
     """`user` checking the data file's tensor names against its model's forward: an hf: folder's class now,
-    before anything is built or written, any model once built (UserModel.build)."""
+    before anything is built or written, any model once built (UserModel.build). The loss metrics of an
+    encoder-decoder folder score the decoder's tokens, which the data must give as `labels`."""
+    if user.hf and metric is not None and Metric(metric).scores_tokens and is_encoder_decoder(user.path) \
+            and batches.names and "labels" not in batches.names:
+        raise ConfigError(f"data: --metric {metric} of an encoder-decoder scores the decoder's tokens: "
+                          f"{batches.describe} has no `labels` (the decoder's target token ids); add them",
+                          fields=("data",))
     if user.hf:
         forward = hf_forward(user.path)
         if forward is not None:

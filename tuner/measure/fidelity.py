@@ -150,9 +150,10 @@ def reference_of(metric: Metric, y: Tensor, frame: Frame) -> Tensor:
                               f"dimension (found shape {list(y.shape)}); use cosine or rel-error", fields=("metric",))
         return _classes(_positions(y, frame)).argmax(dim=-1)
     rows = _positions(y, frame)
-    if metric is Metric.COSINE and frame.layout is Layout.TOKEN_SCORES:
-        raise ConfigError("metric: cosine compares vectors, and this output holds one score per token (shape "
-                          f"{list(y.shape)}): use agreement (its sign), kl or rel-error", fields=("metric",))
+    if metric is Metric.COSINE and rows.shape[-1] == 1:
+        raise ConfigError(f"metric: cosine compares vectors, and this output (shape {list(y.shape)}, "
+                          f"{frame.layout.value}) holds one number per position, whose cosine is only its sign: use "
+                          "agreement, kl or rel-error", fields=("metric",))
     return torch.log_softmax(_classes(rows), dim=-1) if metric is Metric.KL else rows
 
 

@@ -468,7 +468,8 @@ def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Modu
     `started` (time.monotonic()) is when the time budget starts; default now.
     Like INC's `autotune(model, config, eval_fn)`. Without `evaluate`, `metric=` (agreement, cosine, kl,
     rel-error) compares the outputs with the FP32 model's on `data=` (a file) or on `example_inputs` (a list
-    of batches, or one batch); a given `evaluate` wins unless `metric=` is named.
+    of batches, or one batch), or (perplexity, loss) scores a language model's next tokens on them; a given
+    `evaluate` wins unless `metric=` is named.
     """
     options = tune_options(options, option_values)
     if isinstance(build, nn.Module):
@@ -477,8 +478,8 @@ def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Modu
     if options.metric is not None:
         evaluate, example_inputs = builtin_evaluate(build, example_inputs, options)
     elif evaluate is None:
-        raise TypeError("tune(): give evaluate, or metric= (agreement, cosine, kl, rel-error) with data= or "
-                        "example_inputs")
+        raise TypeError("tune(): give evaluate, or metric= (agreement, cosine, kl, rel-error, perplexity, loss) "
+                        "with data= or example_inputs")
     session = TuneSession(build, evaluate, example_inputs, options, journal=journal,
                           on_event=on_event, started=time.monotonic() if started is None else started)
     return session.run()

@@ -236,7 +236,8 @@ def test_check_takes_the_model_file_from_flag_or_key(runner, tmp_path, model):
     ("BertForSequenceClassification", "agreement"), ("T5ForConditionalGeneration", "agreement"),
     ("BertModel", "cosine"), ("BertForQuestionAnswering", "cosine"), ("DPTForDepthEstimation", "cosine"),
     ("MarianMTModel", "agreement"), ("SegformerForSemanticSegmentation", "agreement"),
-    ("ElectraForPreTraining", "agreement"), ("BertForTokenClassification", "agreement"), ("MarianModel", "cosine")])
+    ("ElectraForPreTraining", "agreement"), ("BertForTokenClassification", "agreement"), ("MarianModel", "cosine"),
+    ("ViTMAEForPreTraining", "cosine")])
 def test_an_hf_folders_default_metric_follows_what_its_class_outputs(tmp_path, arch, metric):
     """Logits over a vocabulary or classes get agreement, whatever the class is called (no "For" in GPT-2's
     LM head, `MarianMTModel` a sequence-to-sequence LM by transformers' own task lists); embeddings, spans and

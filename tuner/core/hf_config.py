@@ -78,6 +78,16 @@ _SCORES = re.compile(r"(For\w*(LM|Classification|Generation|MultipleChoice|PreTr
                      r"|Segmentation)|LMHeadModel|WithLMHead|DoubleHeadsModel|MTModel)$")
 
 
+# Pretraining heads that reconstruct their input (masked patches of pixels, speech features) output no scores.
+_RECONSTRUCTS = re.compile(r"MAE|Hiera|Wav2Vec2|UniSpeech")
+
+
+def _scores_in(task: str, name: str) -> bool:
+    if task == "MODEL_FOR_PRETRAINING_MAPPING_NAMES":
+        return not _RECONSTRUCTS.search(name)
+    return task in _SCORE_TASKS
+
+
 @functools.lru_cache(maxsize=1)
 def _task_classes() -> dict[str, bool]:
     """Each class transformers' auto mappings name -> whether one of its tasks outputs scores; {} when
@@ -105,7 +115,7 @@ def _task_classes() -> dict[str, bool]:
             names = pair[1] if isinstance(pair, tuple) and len(pair) == 2 else ()
             for name in names if isinstance(names, (tuple, list)) else (names,):
                 if isinstance(name, str):
-                    classes[name] = classes.get(name, False) or target.id in _SCORE_TASKS
+                    classes[name] = classes.get(name, False) or _scores_in(target.id, name)
     return classes
 
 

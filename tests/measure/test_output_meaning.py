@@ -82,7 +82,9 @@ def test_a_segmentation_map_is_judged_per_pixel_over_its_classes():
     assert evaluate.metric_step == pytest.approx(1 / (2 * 8 * 8))
 
 
-def _bart() -> torch.nn.Module:
+@pytest.fixture(scope="module")
+def bart() -> torch.nn.Module:
+    """A tiny BART (built once: the metrics never change its weights)."""
     torch.manual_seed(0)
     config = transformers.BartConfig(vocab_size=50, d_model=16, encoder_layers=1, decoder_layers=1,
                                      encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
@@ -90,8 +92,8 @@ def _bart() -> torch.nn.Module:
     return transformers.BartForConditionalGeneration(config).eval()
 
 
-def test_an_encoder_decoder_is_masked_by_the_decoders_own_mask_never_the_encoders():
-    model = _bart()
+def test_an_encoder_decoder_is_masked_by_the_decoders_own_mask_never_the_encoders(bart):
+    model = bart
     ids, mask = _tokens()
     dec, _ = _tokens(seed=3)
     dec_mask = torch.ones_like(dec)
@@ -108,16 +110,12 @@ def test_an_encoder_decoder_is_masked_by_the_decoders_own_mask_never_the_encoder
     assert encoder.metric_step == pytest.approx(1 / int(mask.sum()))
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_perplexity_is_the_models_own_next_token_loss_with_padding_left_out(family):
+def test_perplexity_is_the_models_own_next_token_loss_with_padding_left_out():
+    """A tiny Llama (GPT-2: tests/cli/test_builtin_metrics.py): transformers' own loss, padding left out."""
     torch.manual_seed(0)
-    if family == "gpt2":
-        config = transformers.GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2, n_positions=16)
-        model = transformers.GPT2LMHeadModel(config).eval()
-    else:
-        config = transformers.LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16)
-        model = transformers.LlamaForCausalLM(config).eval()
+    config = transformers.LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16)
+    model = transformers.LlamaForCausalLM(config).eval()
     ids, mask = _tokens()
     labels = ids.masked_fill(mask == 0, -100)
     with torch.no_grad():
@@ -131,8 +129,8 @@ def test_perplexity_is_the_models_own_next_token_loss_with_padding_left_out(fami
         pytest.approx(math.exp(own), rel=1e-5)
 
 
-def test_perplexity_of_an_encoder_decoder_needs_the_decoders_labels():
-    model = _bart()
+def test_perplexity_of_an_encoder_decoder_needs_the_decoders_labels(bart):
+    model = bart
     ids, mask = _tokens()
     with pytest.raises(ConfigError, match="no `labels`"):
         _evaluate(Metric.PERPLEXITY, model, {"input_ids": ids, "attention_mask": mask})

@@ -26,12 +26,15 @@ def randn(*shape: int, seed: int, scale: float = 1.0) -> Tensor:
 
 
 def init(model: nn.Module, seed: int) -> nn.Module:
-    """Deterministic weights (normal / sqrt(fan_in), zero biases), whatever torch's default init does."""
+    """Deterministic weights (normal / sqrt(fan_in), zero biases, unit norm scales), whatever torch's default
+    init does."""
     g = generator(seed)
     with torch.no_grad():
-        for p in model.parameters():
-            fan_in = p.shape[-1] if p.dim() > 1 else 1
-            p.copy_(torch.randn(p.shape, generator=g) / (fan_in ** 0.5) if p.dim() > 1 else torch.zeros_like(p))
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.copy_(torch.randn(p.shape, generator=g) / (p.shape[-1] ** 0.5))
+            else:
+                p.fill_(0.0 if name.endswith("bias") else 1.0)
     return model.eval()
 
 

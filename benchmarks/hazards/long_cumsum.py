@@ -1,13 +1,15 @@
-"""Long cumsum in bf16: a running sum over 2048 steps of a projection's output (~1 per step) accumulates in
-bf16 when the projection runs in bf16 (cumsum runs in its input's dtype), so late positions are off by tens.
-The projection (or the cumsum) stays FP32; the encoder and the head run in bf16. Metric: mean cosine.
+"""Long cumsum in bf16: sliding-window sums taken as differences of a running sum over 2048 steps (a common
+trick) when the cumsum runs in bf16 (it runs in its input's dtype: the projection's, bf16): the running sum
+reaches ~2048, where bf16's step is 16, so a window's sum of ~16 is lost in the difference. The cumsum (no
+FLOPs) or its producer stays FP32; the encoder, the projection and the head can run in bf16. Metric: mean absolute error relative to FP32's mean |output|
+(lower is better).
 """
 import torch
 from torch import nn
 
 from _shared import init, metric, randn
 
-TUNE = {"dtype": "bf16", "tolerance": 1e-3}
+TUNE = {"dtype": "bf16", "tolerance": 0.01, "absolute": True, "lower_is_better": True}
 SPLIT = "design"
 
 
@@ -20,8 +22,8 @@ class Scan(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         steps = self.step(torch.tanh(self.enc(x))) + 1.0
-        state = torch.cumsum(steps, dim=1) / x.shape[1]
-        return self.head(state.float())
+        state = torch.cumsum(steps, dim=1)
+        return self.head(((state[:, 16:] - state[:, :-16]) / 16).float())
 
 
 def build_model() -> nn.Module:
@@ -29,7 +31,7 @@ def build_model() -> nn.Module:
 
 
 _X = randn(4, 2048, 8, seed=102)
-evaluate = metric(build_model, (_X,), "cosine")
+evaluate = metric(build_model, (_X,), "rel-mae")
 
 
 def example_inputs():

@@ -1,7 +1,8 @@
-"""A big-K regression head in bf16: one output summed over K=4096 features whose terms (~1 each) cancel to a
-result ~100x smaller than their spread, so bf16's rounding of the head's inputs and weights moves the
-prediction by much more than its own size. The head stays FP32; the feature layers run in bf16. Metric:
-mean absolute error relative to FP32's mean |prediction| (lower is better, 0 = FP32).
+"""A big-K regression head in bf16: one output summed over K=4096 binary features that come in identical pairs
+weighted +c and -c(1+d) (d ~ 1%), so the prediction is what is left after the pairs cancel; bf16's rounding of
+the head's weights (~0.1% each) moves it by ~15%. The features are exact in bf16 (0 or 1, the pairs flip
+together), so only the head must stay FP32. Metric: mean absolute error relative to FP32's mean |prediction|
+(lower is better, 0 = FP32).
 """
 import torch
 from torch import nn
@@ -20,14 +21,16 @@ class Regressor(nn.Module):
         self.head = nn.Linear(4096, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.tanh(self.f2(torch.relu(self.f1(x)))))
+        return self.head((self.f2(torch.relu(self.f1(x))) > 0).float())
 
 
 def build_model() -> nn.Module:
     model = init(Regressor(), seed=111)
     with torch.no_grad():
-        model.head.weight.mul_(64.0)  # terms of ~1 that cancel: the sum is small against each
-        model.head.bias.fill_(0.0)
+        model.f2.weight[1::2] = model.f2.weight[0::2]  # features in identical pairs
+        d = 0.01 * torch.randn(2048, generator=torch.Generator().manual_seed(113))
+        model.head.weight[0, 0::2] = 4.0
+        model.head.weight[0, 1::2] = -4.0 * (1 + d)
     return model
 
 

@@ -49,6 +49,7 @@ import importlib.util
 import itertools
 import json
 import math
+import re
 import sys
 import tempfile
 import time
@@ -80,11 +81,20 @@ SPLITS = ("design", "heldout", "all")
 
 
 def case_files(split: str = "all", only: list[str] | None = None) -> list[Path]:
-    """The hazard model files of `split` (their `SPLIT`), or those named in `only`."""
+    """The hazard model files of `split` (their `SPLIT`, read from the text: no import), or those in `only`."""
     files = sorted(p for p in CASES.glob("*.py") if not p.name.startswith("_"))
     if only:
         files = [p for p in files if p.stem in only]
-    return [p for p in files if split == "all" or load_case(p).SPLIT == split]
+    return [p for p in files if split == "all" or setting(p, "SPLIT") == split]
+
+
+def setting(path: Path, name: str) -> str:
+    """A case's `SPLIT = "..."`, or a key of its TUNE (`"dtype": "..."`), read from its source text."""
+    pattern = rf'^{name} = "([a-z0-9]+)"' if name.isupper() else rf'"{name}": "([a-z0-9]+)"'
+    found = re.search(pattern, path.read_text(), re.MULTILINE)
+    if found is None:
+        raise ValueError(f"{path.name} sets no {name}")
+    return found.group(1)
 
 
 def load_case(path: Path) -> types.ModuleType:

@@ -62,10 +62,9 @@ HERE = Path(__file__).resolve().parent
 CASES = HERE / "hazards"
 sys.path.insert(0, str(HERE))
 
+import torch  # noqa: E402
 from _common import machine_line, pass_fail, table  # noqa: E402
 from oracle import Lab, best_plan  # noqa: E402
-
-import torch  # noqa: E402
 
 import tuner  # noqa: E402
 from tuner.engine.function_mode import PrecisionEngine  # noqa: E402
@@ -282,7 +281,8 @@ def render(rows: list[Row]) -> str:
     for r in rows:
         v = r.verdicts()
         mark = {k: ("-" if x is None else pass_fail(x)) for k, x in v.items()}
-        range_text = "-" if r.range_share is None else f"{_pct(r.range_share)} ({'passes' if r.range_passes else 'fails'})"
+        verdict = "passes" if r.range_passes else "fails"
+        range_text = "-" if r.range_share is None else f"{_pct(r.range_share)} ({verdict})"
         exact = "-" if r.exact_evals is None else f"{_pct(r.exact_share)} in {r.exact_evals}"
         out.append([r.case, r.split, r.dtype, r.candidates, r.units,
                     "-" if r.evals is None else f"{r.evals} ({r.eval_target})", mark["evals"], _pct(r.share),

@@ -11,7 +11,8 @@ under a precision plan, so it cannot be its own reference.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn

@@ -6,9 +6,8 @@ logits relative to FP32's mean |logit| (lower is better).
 """
 import torch
 import transformers
-from torch import nn
-
 from _shared import metric
+from torch import nn
 
 TUNE = {"dtype": "bf16", "tolerance": 0.002, "absolute": True, "lower_is_better": True}
 SPLIT = "heldout"

@@ -3,9 +3,8 @@
 FP32; q/k-free mixing layers around them run in fp16. Metric: mean cosine to FP32.
 """
 import torch
-from torch import nn
-
 from _shared import init, metric, randn
+from torch import nn
 
 TUNE = {"dtype": "fp16", "tolerance": 1e-3}
 SPLIT = "heldout"

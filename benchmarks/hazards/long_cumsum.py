@@ -1,13 +1,12 @@
 """Long cumsum in bf16: sliding-window sums taken as differences of a running sum over 2048 steps (a common
 trick) when the cumsum runs in bf16 (it runs in its input's dtype: the projection's, bf16): the running sum
 reaches ~2048, where bf16's step is 16, so a window's sum of ~16 is lost in the difference. The cumsum (no
-FLOPs) or its producer stays FP32; the encoder, the projection and the head can run in bf16. Metric: mean absolute error relative to FP32's mean |output|
-(lower is better).
+FLOPs) or its producer stays FP32; the encoder, the projection and the head can run in bf16. Metric: mean
+absolute error relative to FP32's mean |output| (lower is better).
 """
 import torch
-from torch import nn
-
 from _shared import init, metric, randn
+from torch import nn
 
 TUNE = {"dtype": "bf16", "tolerance": 0.01, "absolute": True, "lower_is_better": True}
 SPLIT = "design"

@@ -4,9 +4,8 @@ matmul with autocast disabled; here it is a candidate like any other. The angle 
 projections run in bf16. Metric: mean cosine to FP32 over the sequence.
 """
 import torch
-from torch import nn
-
 from _shared import init, metric, randn
+from torch import nn
 
 TUNE = {"dtype": "bf16", "tolerance": 1e-3}
 SPLIT = "heldout"

@@ -4,9 +4,8 @@ signal; the other nine are harmless. 12 units: the best known plan is the best o
 cosine to FP32.
 """
 import torch
-from torch import nn
-
 from _shared import init, metric, randn
+from torch import nn
 
 TUNE = {"dtype": "bf16", "tolerance": 1e-3}
 SPLIT = "heldout"

@@ -59,11 +59,13 @@ def test_the_exact_ranking_scores_an_op_that_raises_alone_as_failing():
     with torch.no_grad():
         ref = model(*inputs.args)
     matmul = OpInstance("", "matmul", 0)
-    seen: list[OpInstance] = []
-    scores = rank_exact(model, inputs, load_preset("torch-cpu"), torch.bfloat16, [QUERY, matmul], ref,
-                        raised=lambda c, exc: seen.append(c))
-    assert scores[matmul] == math.inf and seen == [matmul]  # q FP32, the scores bf16: masked_fill raises
+    policy, seen = load_preset("torch-cpu"), []
+    scores = rank_exact(model, inputs, policy, torch.bfloat16, [QUERY, matmul], ref)
+    assert scores[matmul] == math.inf  # q FP32, the scores bf16: masked_fill raises
     assert math.isfinite(scores[QUERY])
+    rank_exact(model, inputs, policy, torch.bfloat16, [QUERY, matmul], ref, only=[matmul],
+               raised=lambda c, exc: seen.append((c, "BFloat16" in str(exc))))
+    assert seen == [(matmul, True)]  # told, so the session's note names the call
 
 
 def test_the_tune_learns_which_ops_go_together():

@@ -103,9 +103,11 @@ def test_a_trial_that_raises_or_gives_nan_fails_and_the_baseline_raising_propaga
     def evaluate(model):
         raise RuntimeError("boom\nmore")
 
+    RAISES_AT = evaluate.__code__.co_firstlineno + 1
     ev, _ = evaluator(evaluate)
     trial = ev.trial(PLAN, "t", Shares(), ACCEPT)
-    assert not trial.passed and trial.metric is None and trial.error == "evaluate raised RuntimeError: boom"
+    assert not trial.passed and trial.metric is None
+    assert trial.error == f"evaluate raised RuntimeError: boom (test_evaluator.py:{RAISES_AT})"  # names the call
     with pytest.raises(RuntimeError):
         ev.baseline()
     nan, _ = evaluator(Counting(float("nan")))

@@ -502,6 +502,19 @@ def _user_frame(exc: BaseException, files: set[str]) -> str | None:
     return where
 
 
+def raised_at(exc: BaseException) -> str | None:
+    """`file.py:LINE` of the innermost traceback frame that is the model's code, not torch's, mpt's or the
+    standard library's: the call that raised, in the user's file or in a library model's (transformers'
+    modeling file). None when every frame is torch's or mpt's."""
+    skip = (_TORCH_DIR, _norm(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep,
+            _norm(os.path.dirname(os.__file__)) + os.sep)
+    where = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if frame.filename and not frame.filename.startswith("<") and not _norm(frame.filename).startswith(skip):
+            where = f"{os.path.basename(frame.filename)}:{frame.lineno}"
+    return where
+
+
 def _source_file(fn: Any) -> str | None:
     """The file a callable was defined in, through partials, bound methods and decorators."""
     for _ in range(10):

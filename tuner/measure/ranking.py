@@ -63,6 +63,7 @@ import torch
 from torch import Tensor, nn
 
 from tuner.core.inputs import ModelInputs, detached_copy, float_leaves, tensor_leaves
+from tuner.core.memory import find_out_of_memory
 from tuner.core.sharding import Sharding
 from tuner.engine.function_mode import Decision, PrecisionEngine
 from tuner.measure.inspection import relative_error
@@ -91,8 +92,10 @@ def _error(out: Any, ref: Any) -> float:
 
 def rank_exact(model: nn.Module, inputs: ModelInputs | tuple, policy: Policy, dtype: torch.dtype,
                candidates: list[OpInstance], ref_out: Any, progress: Progress | None = None,
-               only: list[OpInstance] | None = None) -> dict[OpInstance, float]:
-    """Final-output error with only that instance in the lower precision (one forward each).
+               only: list[OpInstance] | None = None,
+               raised: Callable[[OpInstance, BaseException], None] | None = None) -> dict[OpInstance, float]:
+    """Final-output error with only that instance in the lower precision (one forward each); inf where that
+    forward raises (a dtype the model's code reads from one tensor and applies to another), told to `raised`.
 
     This is the true end-to-end effect of lowering that one instance, which differs from the gradient
     ranking's δ on purpose: here every other candidate runs in FP32, so an input that a producer candidate
@@ -121,10 +124,17 @@ def rank_exact(model: nn.Module, inputs: ModelInputs | tuple, policy: Policy, dt
             try:
                 with engine:
                     out = model_inputs.call(model)
+            except Exception as exc:  # the FP32 forward ran: with this op alone low the model's own code raised
+                if find_out_of_memory(exc) is not None:
+                    raise
+                if raised is not None:
+                    raised(cand, exc)
+                scores[cand] = math.inf  # a failing plan, scored as one that overflows
+            else:
+                scores[cand] = _error(out, ref_out)
+                del out
             finally:
                 table[key] = _F32
-            scores[cand] = _error(out, ref_out)
-            del out
             if progress:
                 progress(n + 1, len(todo))
     return scores

@@ -24,9 +24,9 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from tuner.core.errors import OutOfMemory, UserCodeError
+from tuner.core.errors import OutOfMemory, UserCodeError, exc_line
 from tuner.core.inputs import ModelInputs, detached_copy, element_count
-from tuner.core.loader import call_forward, user_site
+from tuner.core.loader import call_forward, raised_at, user_site
 from tuner.core.memory import find_out_of_memory, free_memory, out_of_memory
 from tuner.engine.attach import attach, detach
 from tuner.measure.deployed import NotAsClaimed, observe, weight_dtypes
@@ -97,10 +97,13 @@ class _Run(NamedTuple):
 
 
 def _describe(exc: Exception) -> str:
-    """A failed trial's error, on one line."""
+    """A failed trial's error, on one line, with the call that raised (`file.py:LINE`, the model's code: a
+    mixed plan can make the model's own code raise, e.g. a dtype read from one tensor applied to another)."""
     if isinstance(exc, UserCodeError):
         return str(exc)
-    return f"evaluate raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    where = raised_at(exc)
+    return (f"evaluate raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            + (f" ({where})" if where else ""))
 
 
 def _inf_if_not_finite(error: float | None) -> float | None:
@@ -149,6 +152,9 @@ class Evaluator:
         # calls every plan keeps FP32 (Candidates.fp32_calls): no choice of the search, so not in a trial's fp32
         self.kept: frozenset[OpInstance] = frozenset()
         self.forward_s = 0.0  # the seconds of output_error's last forward
+        # what the forwards of mixed plans raised outside evaluate (output_error, lowered): one line each, in
+        # the order first seen; each such plan counts as failing, the way a trial whose evaluate raises does
+        self.raised: list[str] = []
         # record each evaluation's signature (tuner.search.repeatable): only the baseline's and the all-low
         # trial's are compared, so TuneSession.settle_noise turns it off (it hashes every input fed)
         self.signing = True
@@ -307,8 +313,9 @@ class Evaluator:
         tuner.search.guide). The parameters the plan's checkpoint stores lowered are held lowered where they
         are predicted without a forward (`lowered`); else they stay FP32 and the ops cast them as they run, to
         the same values, so only a parameter a trial stores lowered and an FP32 op also reads can differ, by
-        its rounding. A guide, not a trial. inf when the output is not finite; None without example inputs or
-        when the outputs do not pair up."""
+        its rounding. A guide, not a trial. inf when the output is not finite or the forward raises (a mixed
+        plan the model's own code cannot run: a failing plan, as its trial would be; `raised` names the call);
+        None without example inputs or when the outputs do not pair up."""
         if self.inputs is None:
             return None
         looked, self._looked = self._looked, None
@@ -320,6 +327,9 @@ class Evaluator:
             attach(model, plan)
             try:
                 error = relative_error(call_forward(model, self.inputs), ref_out)
+            except UserCodeError as exc:  # the FP32 forward ran these inputs (Candidates.ref_out): the plan raised
+                self.note_raised(exc)
+                error = math.inf
             finally:
                 detach(model)
         self.forward_s = time.monotonic() - t0
@@ -330,14 +340,28 @@ class Evaluator:
         allow (`tuner.measure.lowering`), else observed with a forward on the example inputs."""
         if self.inputs is None:
             return {}
-        if self._uses is _UNOBSERVED:
-            with self.keeper.borrowed(light=True) as model:
-                self._uses = parameter_uses(model, plan, self.inputs, self.kept)
-        predicted = self._predicted(plan)
-        if predicted is not None:
-            return predicted
-        with self.keeper.borrowed(light=True) as model:  # the trial that follows compares the bytes first
-            return weight_dtypes(model, plan, self.inputs)
+        try:
+            if self._uses is _UNOBSERVED:
+                with self.keeper.borrowed(light=True) as model:
+                    self._uses = parameter_uses(model, plan, self.inputs, self.kept)
+            predicted = self._predicted(plan)
+            if predicted is not None:
+                return predicted
+            with self.keeper.borrowed(light=True) as model:  # the trial that follows compares the bytes first
+                return weight_dtypes(model, plan, self.inputs)
+        except Exception as exc:  # a plan the model's code cannot run: its trial raises too, and fails
+            if find_out_of_memory(exc) is not None:
+                raise out_of_memory(exc, "observing a plan's forward") from exc
+            self.note_raised(exc)
+            return {}
+
+    def note_raised(self, exc: BaseException) -> None:
+        """Remember what a plan's forward raised (outside evaluate), once per distinct line."""
+        original = exc.original if isinstance(exc, UserCodeError) and exc.original is not None else exc
+        where = raised_at(original)
+        line = exc_line(original, 200) + (f" ({where})" if where else "")
+        if line not in self.raised:
+            self.raised.append(line)
 
     def _predicted(self, plan: Plan) -> dict[str, torch.dtype] | None:
         """`lowered` where it needs no forward; None where it would (or nothing was observed yet)."""

@@ -312,7 +312,7 @@ class TuneSession:
                                        found.ref_out, progress, probes=probes)
             else:
                 scores = rank_exact(model, found.inputs, self.policy, self.dtype, list(found.instances),
-                                    found.ref_out, progress)
+                                    found.ref_out, progress, raised=lambda _, exc: self.evaluator.note_raised(exc))
             if Sharding.of(model).sharded:  # each rank scored through its shards: the mean over the ranks
                 return self.ranks.mean(scores)
             return self.ranks.broadcast(scores)  # every rank searches in rank 0's order
@@ -331,6 +331,9 @@ class TuneSession:
                                  guide=self.guide(found, units, low, limits), extra_probes=1 + spare)
         outcome = search.run()
         self.notes.extend(outcome.notes)
+        if self.evaluator.raised:  # a mixed plan the model's own code cannot run: failing, not the end of the tune
+            self.notes.append(f"{len(self.evaluator.raised)} call(s) in the model raised under a mixed plan on "
+                              "the example inputs; those plans counted as failing: " + "; ".join(self.evaluator.raised))
         if search.guide is not None and search.guide.forwards:
             self.notes.append(f"{search.guide.forwards} forwards on the example inputs guided the search "
                               f"({search.guide.seconds:.1f} s)")

@@ -1,0 +1,46 @@
+"""benchmarks/hazard_zoo.py's harness on its tiniest cases: the split, the range rule, the measured error of an
+op alone, the honesty check and the exhaustive best known plan (the benchmark itself is not run here)."""
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "hazard_zoo.py"
+
+
+def _zoo():
+    spec = importlib.util.spec_from_file_location("mpt_bench_hazard_zoo", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_split_holds_out_half_of_the_hazards_of_both_dtypes():
+    zoo = _zoo()
+    design, heldout = ({p.stem for p in zoo.case_files(s)} for s in ("design", "heldout"))
+    assert design and heldout and not design & heldout
+    assert design | heldout == {p.stem for p in zoo.case_files("all")}
+    for half in (design, heldout):
+        assert {zoo.setting(zoo.CASES / f"{n}.py", "dtype") for n in half} == {"fp16", "bf16"}
+
+
+def test_range_rule_alone_errors_honesty_and_best_known_on_the_mlp_chain():
+    zoo = _zoo()
+    mod = zoo.load_case(zoo.CASES / "fp16_mlp_chain.py")
+    lab = zoo.Lab(mod.build_model, mod.evaluate, mod.example_inputs, zoo.TuneOptions(**mod.TUNE))
+    ranged = {lab.found.instances[n].label() for n in zoo.range_instances(lab, "fp16")}
+    assert ranged == {"up:linear#0", "down:linear#0"}  # the producer past 65504 and the consumer it feeds
+    alone = zoo.alone_errors(mod, list(lab.found.instances), ["down:linear#0", "out.5:linear#0"])
+    assert alone["down:linear#0"] == math.inf and 0 < alone["out.5:linear#0"] < 0.01
+    report = {"fp32_instances": ["down:linear#0", "out.5:linear#0"],
+              "scores": {"down:linear#0": 0.0, "out.5:linear#0": alone["out.5:linear#0"] / 5}}
+    assert [x.split(":")[0] for x in zoo.dishonest(report, alone)] == ["down"]
+
+
+def test_exhaustive_best_known_on_the_control():
+    zoo = _zoo()
+    row = zoo.Row("control", "design", "bf16")
+    zoo.best_known(zoo.load_case(zoo.CASES / "control.py"), None, row)
+    assert row.units == 3 and row.best == 1.0 and row.best_how.startswith("exhaustive (8)")
+    assert row.range_passes and row.range_share == 1.0

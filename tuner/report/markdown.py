@@ -45,6 +45,9 @@ def report_markdown(result: TuneResult, report: TuneReport, out: Path) -> str:
         lines.append(f"| torch fast paths | {_cell(report.execution.fast_paths())} |")
     if result.stopped:
         lines.append(f"| cut short | {result.stopped.value} |")
+    if report.plan.for_training:
+        lines.append(f"| training | every trial trained FP32 parameters and buffers with {dtype} compute (as "
+                     "torch.autocast does); no lowered checkpoint is written: the FP32 weights are yours |")
     lines.append(f"| run | {facts.created}, {facts.time_text()} |")
     lines += ["", *[f"> warning: {w}" for w in report.warnings], *([""] if report.warnings else []),
               *_details(result, report),
@@ -116,6 +119,8 @@ def _details(result: TuneResult, report: TuneReport) -> list[str]:
               "|---|---|---|---|---|"]
     for t in report.trials:
         outcome = "baseline" if t.baseline else "pass" if t.passed else "fail"
+        if t.error and not t.passed:  # why: evaluate raised (tuner.LossScaler's StepsSkipped...), or no number
+            outcome += f": {_cell(t.error)}"
         chosen = " **(chosen)**" if t.n == result.chosen else ""
         lines.append(f"| {t.n} | {_cell(t.label)}{chosen} | {fmt_metric(t.metric, d)} | {outcome} | "
                      f"{t.shares.short()} |")

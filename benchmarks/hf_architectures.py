@@ -4,7 +4,8 @@
     .venv/bin/python benchmarks/hf_architectures.py --only falcon,llama --dtypes bf16
 
 For each architecture (ARCHS: a tiny random-init model built from its config, hidden 32-64, 2 layers) and each
-dtype, each step in its own subprocess:
+dtype (the model built in a subprocess, the rest in this process through mpt's own CLI entry point, so that
+torch and transformers are imported once on a busy machine):
 
 1. the model is built (seeded) and `save_pretrained` into a temp folder, with a calibration file beside it
    (`data.safetensors`: token ids and a padded attention mask, pixel values, or audio, as the model takes);
@@ -203,6 +204,19 @@ def _run(cmd: list[str], env: dict, timeout: float, log: Path) -> tuple[int, str
     return rc, text
 
 
+def _mpt(argv: list[str], log: Path) -> tuple[int, str]:
+    """`mpt ARGV` in this process (click's runner: the exit code and the output)."""
+    from click.testing import CliRunner
+
+    from mpt_cli.main import main
+
+    res = CliRunner().invoke(main, argv)
+    text = res.output + ("".join(__import__("traceback").format_exception(res.exc_info[1]))
+                         if res.exc_info and not isinstance(res.exc_info[1], SystemExit) else "")
+    log.write_text(text)
+    return res.exit_code, text
+
+
 def _tail(text: str, n: int = 2) -> str:
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     return " / ".join(lines[-n:])[:160]
@@ -220,9 +234,8 @@ def check_one(arch: Arch, dtype: str, args: argparse.Namespace, work: Path, env:
             return row
     out = work / f"{arch.name}-{dtype}"
     t0 = time.perf_counter()
-    rc, text = _run([sys.executable, "-m", "mpt_cli", "tune", f"hf:{folder / 'model'}", "--data",
-                     str(folder / "data.safetensors"), "--dtype", dtype, "--out", str(out), "--overwrite",
-                     "--no-latency", "--max-evals", str(args.max_evals), "--quiet"], env, args.child_timeout,
+    rc, text = _mpt(["tune", f"hf:{folder / 'model'}", "--data", str(folder / "data.safetensors"), "--dtype", dtype,
+                     "--out", str(out), "--overwrite", "--no-latency", "--max-evals", str(args.max_evals), "--quiet"],
                     work / f"{arch.name}-{dtype}.tune.log")
     row.update(tune_rc=rc, tune_s=time.perf_counter() - t0)
     if not (out / "report.json").is_file():
@@ -233,15 +246,11 @@ def check_one(arch: Arch, dtype: str, args: argparse.Namespace, work: Path, env:
 
     plan = yaml.safe_load((out / "plan.yaml").read_text())
     row.update(metric=(plan.get("model") or {}).get("metric"), report_share=report.get("low_precision_flop_share"))
-    rc, text = _run([*me, "--count", str(folder), str(out), "--batch", str(args.batch)], env, args.child_timeout,
-                    work / f"{arch.name}-{dtype}.count.log")
-    line = next((ln for ln in reversed(text.splitlines()) if ln.startswith("{")), None)
-    if rc != 0 or line is None:
-        row["error"] = f"count exit {rc}: {_tail(text)}"
-    else:
-        row.update(json.loads(line))
-    rc, text = _run([sys.executable, "-m", "mpt_cli", "check", str(out)], env, args.child_timeout,
-                    work / f"{arch.name}-{dtype}.check.log")
+    try:
+        row.update(count(folder, out, args.batch))
+    except Exception as exc:  # noqa: BLE001 - the row says what failed
+        row["error"] = f"count: {type(exc).__name__}: {str(exc)[:120]}"
+    rc, text = _mpt(["check", str(out)], work / f"{arch.name}-{dtype}.check.log")
     row["check_rc"] = rc
     if rc != 0:
         row["check_tail"] = _tail(text)
@@ -299,9 +308,13 @@ def main(argv: list[str] | None = None) -> int:
         [str(root)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
     from _common import machine_line, table
 
     import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     print(machine_line() + f"; cpu capability {torch.backends.cpu.get_cpu_capability()}")
     print(f"architectures {', '.join(names)}; dtypes {', '.join(dtypes)}; --max-evals {args.max_evals}\n",

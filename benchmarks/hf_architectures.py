@@ -309,9 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
-    from _common import machine_line, table
-
     import torch
+    from _common import machine_line, table
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -180,6 +180,8 @@ def aten_flops(op: str, args: tuple, kwargs: dict, out: Any) -> int:
             return 2 * o.numel() * int(a[1].shape[-1]) if o is not None else 0
         if op == "addbmm":
             return 2 * o.numel() * int(a[1].shape[-1]) * int(a[1].shape[0]) if o is not None else 0
+        if op in ("linear", "matmul"):  # on a NestedTensor only (`GEMMS`): its total size counts every sequence
+            return 2 * o.numel() * int(a[0].size(-1)) if o is not None else 0
         if op in ("mkldnn_linear", "_mkldnn_linear"):
             return 2 * o.numel() * int(a[1].shape[-1]) if o is not None else 0
         if op in ("convolution", "_convolution", "convolution_overrideable"):

@@ -118,7 +118,7 @@ class _Recorder(TorchDispatchMode):
                 self.gemms.setdefault(self.tracker.current_path(), set()).update(dtypes)
             first = first_tensor(out)
             self.nested = self.nested or (first is not None and first.is_nested)
-            if first is not None and first.dtype in _FLOATS:
+            if first is not None:  # complex matmuls (a spectral layer's einsum) count too, never low
                 self.flops[first.dtype] = self.flops.get(first.dtype, 0) + aten_flops(name, args, kwargs, out)
         return out
 

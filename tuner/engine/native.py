@@ -146,7 +146,8 @@ def install(model: nn.Module, execution: Execution) -> Wrapped:
     looks fit for the fused path (CPU autocast does not stop it), and a layer that then cannot take that path
     (its weights stored lowered) fails on the NestedTensor (issue 34). Outside FP32 subtrees such an encoder
     (`Execution.unnested`) runs as torch runs it and, where a layer refuses the
-    NestedTensor, again without nesting: its padded positions are then computed as unfused layers compute
+    NestedTensor, again without nesting; where one of its self-attentions runs low it runs without nesting at
+    once, as its lowered weights make it run, whatever the weights it holds (`_unnested_fallback`): its padded positions are then computed as unfused layers compute
     them, not zeros, as in any model whose layers cannot fuse. Where every layer takes the NestedTensor (their
     self-attention's weights FP32: an FP32 island, or a region the model keeps FP32 itself) the encoder stays
     nested and its unfused layers run on the NestedTensor (MultiheadAttention's fused kernel, NestedTensor

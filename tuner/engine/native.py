@@ -145,9 +145,10 @@ def install(model: nn.Module, execution: Execution) -> Wrapped:
     An `nn.TransformerEncoder` given a padding mask turns its input into a NestedTensor when its first layer
     looks fit for the fused path (CPU autocast does not stop it), and a layer that then cannot take that path
     (its weights stored lowered) fails on the NestedTensor (issue 34). Outside FP32 subtrees such an encoder
-    (`Execution.unnested`) runs as torch runs it and, where a layer refuses the
-    NestedTensor, again without nesting; where one of its self-attentions runs low it runs without nesting at
-    once, as its lowered weights make it run, whatever the weights it holds (`_unnested_fallback`): its padded positions are then computed as unfused layers compute
+    (`Execution.unnested`) runs as torch runs it and, where a layer refuses the NestedTensor, again without
+    nesting; where one of its self-attentions runs low, without nesting at once, as its lowered weights make it
+    run whatever weights it holds (`_unnested_fallback`, issue 40): its padded positions are then computed as
+    unfused layers compute
     them, not zeros, as in any model whose layers cannot fuse. Where every layer takes the NestedTensor (their
     self-attention's weights FP32: an FP32 island, or a region the model keeps FP32 itself) the encoder stays
     nested and its unfused layers run on the NestedTensor (MultiheadAttention's fused kernel, NestedTensor

@@ -148,11 +148,11 @@ def install(model: nn.Module, execution: Execution) -> Wrapped:
     (`Execution.unnested`) runs as torch runs it and, where a layer refuses the NestedTensor, again without
     nesting; where one of its self-attentions runs low, without nesting at once, as its lowered weights make it
     run whatever weights it holds (`_unnested_fallback`, issue 40): its padded positions are then computed as
-    unfused layers compute
-    them, not zeros, as in any model whose layers cannot fuse. Where every layer takes the NestedTensor (their
-    self-attention's weights FP32: an FP32 island, or a region the model keeps FP32 itself) the encoder stays
-    nested and its unfused layers run on the NestedTensor (MultiheadAttention's fused kernel, NestedTensor
-    linears), in the trials as after `tuner.load`: `tuner.measure.deployed` counts those linears as matmuls.
+    unfused layers compute them, not zeros, as in any model whose layers cannot fuse. Where every layer takes
+    the NestedTensor (their self-attention's weights FP32: an FP32 island, or a region the model keeps FP32
+    itself) the encoder stays nested and its unfused layers run on the NestedTensor (MultiheadAttention's fused
+    kernel, NestedTensor linears), in the trials as after `tuner.load`: `tuner.measure.deployed` counts those
+    linears as matmuls.
     """
     assert execution.path is ExecutionPath.NATIVE and execution.device and execution.dtype
     fp32_own = set(execution.fp32_islands)

@@ -98,6 +98,9 @@ def inspect_cmd(**values: Any) -> None:
             out.print(line)
         for line in wrap_line(legend):
             out.print(line)
+    for r in shown:
+        if r.kernel_note:
+            out.print(f"{r.label}: {r.kernel_note}", markup=False)
     out.print(summary)
     if s.first_nonfinite:
         out.print(f"first non-finite output (NaN/inf) at {s.first_nonfinite}")

@@ -57,3 +57,38 @@ def test_the_layers_whose_fused_fast_path_the_plan_turns_off_are_named_and_said(
         assert ex is not None and ex.unfused == () and ex.fast_paths() == ""  # all FP32 there: torch's path runs
     finally:
         tuner.detach(model)
+
+
+
+class _Encoded(torch.nn.Module):
+    """A model that hides an nn.TransformerEncoder, given a padding mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+        self.enc = torch.nn.TransformerEncoder(layer, 2)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.enc(x, src_key_padding_mask=mask)
+
+
+def test_a_plan_on_fp32_weights_runs_the_encoder_as_the_trials_ran_it():
+    """Issue 40: `tuner.load(model, Plan)` attaches the plan to the FP32 weights (the path after `from_pretrained`).
+    With its first layer FP32 and its second low, the encoder's lowered weights (the trials', the checkpoint's)
+    make the second layer refuse the NestedTensor; FP32 weights took it (MultiheadAttention's fused kernel,
+    NestedTensor linears), another path with other numbers. The loaded model now gives the trial's output bit for
+    bit, as does the plan whose every layer runs low (whose lowered layer norm failed on the NestedTensor)."""
+    x = torch.randn(3, 6, 16)
+    mask = torch.zeros(3, 6, dtype=torch.bool)
+    mask[1, 4:] = mask[2, 3:] = True
+    for plan in (Plan(dtype="bf16", preset="torch-cpu", modules=(("enc.layers.0", "fp32"),)),
+                 Plan(dtype="bf16", preset="torch-cpu")):
+        model = _Encoded().eval()
+        with torch.no_grad(), stored_as(model, weight_dtypes(model, plan, (x, mask))):
+            tuner.attach(model, plan)
+            trial = model(x, mask)
+            tuner.detach(model)
+        with torch.no_grad():
+            loaded = tuner.load(_Encoded().eval(), plan)(x, mask)
+        assert torch.equal(trial, loaded), plan.modules

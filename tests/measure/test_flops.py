@@ -157,3 +157,13 @@ def test_recurrent_cells_count_their_gate_matmuls_in_the_dtype_they_run():
         assert record.shares.flops == aten[True] + aten[False] == 2 * per_step
         assert record.shares.lower_flops == aten[True] == 2 * per_step
         assert all(record.claimed[p] == {plan.torch_dtype} for p in ("gru", "lstm", "tanh", "relu"))
+
+
+def test_a_linear_on_a_nested_tensor_counts_each_sequence_at_its_own_length():
+    """Issue 40: the linears of an nn.TransformerEncoder that nested its padded input reach ATen as `linear` on a
+    NestedTensor; each sequence's tokens count, the dropped padding does not (it was 0: the share's bf16 went
+    uncounted)."""
+    nested = torch.nested.nested_tensor([torch.randn(3, 16), torch.randn(5, 16)])
+    weight = torch.randn(8, 16)
+    out = torch.nn.functional.linear(nested, weight)
+    assert aten_flops("linear", (nested, weight), {}, out) == 2 * (3 + 5) * 8 * 16

@@ -24,7 +24,7 @@ import threading
 import types
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -35,6 +35,7 @@ from torch.overrides import TorchFunctionMode
 from tuner.core.dtypes import short_name
 from tuner.core.torch_state import autocast_nesting
 from tuner.engine import rnn_inputs
+from tuner.engine.kernels import WATCHED, KernelWatch, kernel_dtype
 from tuner.engine.tracker import OUTSIDE, ModuleTracker
 from tuner.policy.modes import InplaceMode
 from tuner.policy.opnames import (
@@ -101,11 +102,24 @@ class Decision:
     rule: Rule
     casts: int
     detail: str = ""
+    # the dtype its kernel's matmuls computed in, when not `compute` (`tuner.engine.kernels`: torch's CPU attention
+    # fallback widens bf16 q/k/v to FP32); None when they ran in `compute`, or were not watched
+    kernel: torch.dtype | None = None
 
     @property
     def lowered(self) -> bool:
-        """It computed in a lower precision (bf16 or fp16)."""
+        """It was cast to (or came in) a lower precision (bf16 or fp16): keeping it FP32 changes its numbers."""
         return self.compute in LOWER_DTYPES
+
+    @property
+    def ran(self) -> torch.dtype | None:
+        """The dtype its work computed in: its kernel's when that differs from the one it was cast to."""
+        return self.kernel if self.kernel is not None else self.compute
+
+    @property
+    def ran_low(self) -> bool:
+        """Its work computed in a lower precision: what a report's shares count and a plan claims."""
+        return self.ran in LOWER_DTYPES
 
     @property
     def compute_name(self) -> str:
@@ -357,14 +371,15 @@ class PrecisionEngine(TorchFunctionMode):
 
         casts = 0
         raw_args, raw_kwargs = args, kwargs
+        watch = KernelWatch() if self.recorder is not None and name in WATCHED and not self.dry_run else None
         try:
             if info.autocast_inside and target in LOWER_DTYPES and not self.dry_run:
-                out = _under_autocast(func, target, args, kwargs)
+                out = _under_autocast(func, target, args, kwargs, watch)
             else:
                 if target is not None and not self.dry_run:
                     args, kwargs, casts = (self._cast_input(args, kwargs, target) if info.input_only
                                            else self._cast(args, kwargs, target))
-                out = func(*args, **kwargs)
+                out = _watched(func, args, kwargs, watch)
         except Exception as exc:  # (free when nothing raises) which call it was: `failed_call`
             self._thread.failed = (id(exc), (path, name, index))
             raise
@@ -373,6 +388,8 @@ class PrecisionEngine(TorchFunctionMode):
                 isinstance(out, (Tensor, list, tuple)) or any(isinstance(a, Tensor) for a in args)):
             decision = self._decision((path, name, index), target, rule, detail, casts, args, kwargs,
                                       raw_args, raw_kwargs, out)
+            if watch is not None and watch.dtypes:
+                decision = _kernel_seen(decision, watch)
             out = self._report(decision, func, args, kwargs, out, raw_args, raw_kwargs)
         return out
 
@@ -574,14 +591,29 @@ def _ran_in(rule: Rule, kwargs: dict, out: Any, floats: list[torch.dtype]) -> to
     return floats[0]
 
 
-def _under_autocast(func: Callable[..., Any], dtype: torch.dtype, args: tuple, kwargs: dict) -> Any:
+def _watched(func: Callable[..., Any], args: tuple, kwargs: dict, watch: KernelWatch | None) -> Any:
+    """The call, under `watch` when there is one (a recorded matmul-like call: `tuner.engine.kernels`)."""
+    if watch is None:
+        return func(*args, **kwargs)
+    with watch:
+        return func(*args, **kwargs)
+
+
+def _kernel_seen(decision: Decision, watch: KernelWatch) -> Decision:
+    """`decision` with the dtype its kernels computed in, when that is not the one it was cast to."""
+    kernel = kernel_dtype(watch.dtypes, decision.compute)
+    return decision if kernel is None else replace(decision, kernel=kernel)
+
+
+def _under_autocast(func: Callable[..., Any], dtype: torch.dtype, args: tuple, kwargs: dict,
+                    watch: KernelWatch | None = None) -> Any:
     """An AUTOCAST_INSIDE composite (nn.GRUCell's `gru_cell`...) lowered as torch.autocast lowers it: the call run
     under torch.autocast on its inputs' device, which casts only the matmuls inside it (opnames.AUTOCAST_INSIDE),
     so its numbers and output dtype are those the deployed model computes. No weight cache: one call."""
     first = next((t for t in (*args, *kwargs.values()) if isinstance(t, Tensor)), None)
     device = first.device.type if first is not None else "cpu"
     with torch.autocast(device, dtype=dtype, cache_enabled=False):
-        return func(*args, **kwargs)
+        return _watched(func, args, kwargs, watch)
 
 
 _MODEL_RULES = frozenset({Rule.MODEL_FP32, Rule.MODEL_AUTOCAST})  # the model's own torch.autocast regions

@@ -145,12 +145,14 @@ def install(model: nn.Module, execution: Execution) -> Wrapped:
     An `nn.TransformerEncoder` given a padding mask turns its input into a NestedTensor when its first layer
     looks fit for the fused path (CPU autocast does not stop it), and a layer that then cannot take that path
     (its weights stored lowered) fails on the NestedTensor (issue 34). Outside FP32 subtrees such an encoder
-    (`Execution.unnested`) runs as torch runs it and, where a layer refuses the
-    NestedTensor, again without nesting: its padded positions are then computed as unfused layers compute
-    them, not zeros, as in any model whose layers cannot fuse. Where every layer takes the NestedTensor (their
-    self-attention's weights FP32: an FP32 island, or a region the model keeps FP32 itself) the encoder stays
-    nested and its unfused layers run on the NestedTensor (MultiheadAttention's fused kernel, NestedTensor
-    linears), in the trials as after `tuner.load`: `tuner.measure.deployed` counts those linears as matmuls.
+    (`Execution.unnested`) runs as torch runs it and, where a layer refuses the NestedTensor, again without
+    nesting; where one of its self-attentions runs low, without nesting at once, as its lowered weights make it
+    run whatever weights it holds (`_unnested_fallback`, issue 40): its padded positions are then computed as
+    unfused layers compute them, not zeros, as in any model whose layers cannot fuse. Where every layer takes
+    the NestedTensor (their self-attention's weights FP32: an FP32 island, or a region the model keeps FP32
+    itself) the encoder stays nested and its unfused layers run on the NestedTensor (MultiheadAttention's fused
+    kernel, NestedTensor linears), in the trials as after `tuner.load`: `tuner.measure.deployed` counts those
+    linears as matmuls.
     """
     assert execution.path is ExecutionPath.NATIVE and execution.device and execution.dtype
     fp32_own = set(execution.fp32_islands)
@@ -173,20 +175,37 @@ def install(model: nn.Module, execution: Execution) -> Wrapped:
             wrapped.append((module, _UNCHANGED, hook))
         if path in execution.unnested:  # see the docstring
             wrapped.append((module, module.__dict__.get("forward"), None))
-            module.forward = _unnested_fallback(module, module.forward)
+            module.forward = _unnested_fallback(module, module.forward,
+                                                nest=_attention_fp32(path, module, fp32_own, fp32_tree))
     return wrapped
 
 
-def _unnested_fallback(module: nn.Module, forward: Callable[..., Any]) -> Callable[..., Any]:
+def _attention_fp32(path: str, encoder: nn.Module, fp32_own: set[str], fp32_tree: set[str]) -> bool:
+    """Every self-attention of the nn.TransformerEncoder at `path` runs in an FP32 region: the only encoder whose
+    layers all take a NestedTensor when its weights are stored as the plan stores them (`install`)."""
+    found = [f"{path}.{name}" if path else name for name, sub in encoder.named_modules()
+             if isinstance(sub, nn.MultiheadAttention)]
+    return bool(found) and all(_region_of(p, fp32_own, fp32_tree) is _Region.FP32 for p in found)
+
+
+def _unnested_fallback(module: nn.Module, forward: Callable[..., Any], *, nest: bool = True) -> Callable[..., Any]:
     """`forward` of an nn.TransformerEncoder, run once more without the nested-tensor path when a layer refused
-    the NestedTensor it was handed (`install`): the same call, with `use_nested_tensor` off for its length."""
+    the NestedTensor it was handed (`install`): the same call, with `use_nested_tensor` off for its length.
+
+    `nest=False` (a self-attention of the encoder runs low): the call is run unnested at once. With its weights
+    stored lowered, as the trials and the checkpoint hold them, such a layer refuses the NestedTensor (or fails on
+    it); with the FP32 weights a `Plan` is attached to (`tuner.load(model, plan)`) it would take it, and the
+    loaded model would run another path than the trials measured (issue 40)."""
     @functools.wraps(forward)
     def unnested(*args: Any, **kwargs: Any) -> Any:
-        try:
+        if nest:
+            try:
+                return forward(*args, **kwargs)
+            except AssertionError as exc:
+                if "NestedTensor" not in str(exc) or not getattr(module, "use_nested_tensor", False):
+                    raise
+        elif not getattr(module, "use_nested_tensor", False):
             return forward(*args, **kwargs)
-        except AssertionError as exc:
-            if "NestedTensor" not in str(exc) or not getattr(module, "use_nested_tensor", False):
-                raise
         setattr(module, "use_nested_tensor", False)  # noqa: B010 - an nn.Module attribute mypy types as a Tensor
         try:
             return forward(*args, **kwargs)

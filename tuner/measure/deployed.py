@@ -9,7 +9,10 @@
   fused kernels (a fused kernel that reads a weight directly is a use in FP32);
 - the dtypes every matmul/conv-like ATen op ran in, per module path (`ModuleTracker`'s paths:
   a module created inside a forward counts as its caller), which `gemm_mismatches` compares with
-  what the plan claims.
+  what the plan claims;
+- the FLOPs of those ops by the dtype each computed in (its output's; `tuner.measure.flops.aten_flops`): the
+  share of them in bf16/fp16 is the share the deployed model runs low, which `verify` compares with the
+  report's (issue 40: a kernel that widens its inputs, as torch's CPU attention fallback does, runs FP32).
 """
 from __future__ import annotations
 
@@ -28,24 +31,15 @@ from torch.utils._pytree import tree_leaves
 from tuner.core.inputs import ModelInputs
 from tuner.core.sharding import is_fsdp, local_tensor
 from tuner.engine.attach import attach, detach
+from tuner.engine.function_mode import LOWER_DTYPES
 from tuner.engine.tracker import ModuleTracker
+from tuner.measure.flops import aten_flops, first_tensor
 from tuner.measure.held import HeldLowered
-from tuner.policy.opnames import is_communication
+from tuner.policy.opnames import ATEN_GEMMS, is_communication
 from tuner.policy.plan import Plan
 
-# ATen ops that multiply matrices or convolve (the work whose precision a plan decides), fused ones included.
-# `linear` and `matmul` reach a dispatch mode only on a NestedTensor (whose own kernels they are; on a plain
-# tensor they decompose into mm/addmm/bmm first): the layers of an nn.TransformerEncoder that nested its
-# padded input, when their fused fast path is off (`tuner.engine.native.install`), run them so (issue 34).
-GEMMS = frozenset({
-    "linear", "matmul",
-    "mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "convolution", "_convolution",
-    "convolution_overrideable", "mkldnn_convolution", "_mkldnn_linear", "mkldnn_linear", "_addmm_activation",
-    "_transformer_encoder_layer_fwd", "_native_multi_head_attention", "_scaled_dot_product_flash_attention",
-    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_cudnn_attention", "_int_mm", "_scaled_mm", "mkldnn_rnn_layer", "_thnn_fused_lstm_cell",
-    "_thnn_fused_gru_cell", "_cudnn_rnn", "conv_tbc", "_trilinear",
-})
+GEMMS = ATEN_GEMMS  # (the name benchmarks/aten_share.py and the tests know them by)
+SHARE_TOLERANCE = 1e-9  # both shares are ratios of the same integer FLOP counts when they agree
 _CASTS = frozenset({"_to_copy", "_autocast_to_reduced_precision"})
 _FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
@@ -65,6 +59,14 @@ class Observation:
     # parameter name -> each (module path, was it a cast to the lower dtype) it was used by
     uses: dict[str, frozenset[tuple[str, bool]]] = field(default_factory=dict)
     foreign: bool = False  # a module ran called by a module that is not its ancestor (a shared module)
+    flops: dict[torch.dtype, int] = field(default_factory=dict)  # matmul/conv FLOPs by the dtype they ran in
+    nested: bool = False  # a matmul ran on a NestedTensor (an nn.TransformerEncoder dropped its padding)
+
+    @property
+    def flop_share(self) -> float:
+        """The share of the matmul/conv FLOPs that ran in bf16/fp16, counted per ATen call."""
+        total = sum(self.flops.values())
+        return sum(n for d, n in self.flops.items() if d in LOWER_DTYPES) / total if total else 0.0
 
 
 def _storage(t: Tensor) -> int | None:
@@ -85,6 +87,8 @@ class _Recorder(TorchDispatchMode):
         self.tracker = tracker
         self.uses: dict[str, set[tuple[str, bool]]] = {}  # parameter name -> (module path, a cast to `lower`?)
         self.gemms: dict[str, set[torch.dtype]] = {}
+        self.flops: dict[torch.dtype, int] = {}
+        self.nested = False
         self.foreign = False
 
     def entered(self, module: nn.Module, path: str) -> None:
@@ -112,6 +116,10 @@ class _Recorder(TorchDispatchMode):
             dtypes = {t.dtype for t in tensors if t.dtype in _FLOATS}
             if dtypes:
                 self.gemms.setdefault(self.tracker.current_path(), set()).update(dtypes)
+            first = first_tensor(out)
+            self.nested = self.nested or (first is not None and first.is_nested)
+            if first is not None:  # complex matmuls (a spectral layer's einsum) count too, never low
+                self.flops[first.dtype] = self.flops.get(first.dtype, 0) + aten_flops(name, args, kwargs, out)
         return out
 
 
@@ -144,7 +152,7 @@ def observe(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> Observ
         detach(model)
     lowered = {name: plan.torch_dtype for name, found in recorder.uses.items() if all(cast for _, cast in found)}
     uses = {name: frozenset(found) for name, found in recorder.uses.items()}
-    return Observation(lowered, recorder.gemms, output, uses, recorder.foreign)
+    return Observation(lowered, recorder.gemms, output, uses, recorder.foreign, recorder.flops, recorder.nested)
 
 
 def _name_gathered(model: nn.Module, params: dict[int, list[str]]) -> list[Any]:
@@ -233,15 +241,24 @@ Holding = Callable[[nn.Module, Mapping[str, torch.dtype]], AbstractContextManage
 
 def verify(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, lowered: Mapping[str, torch.dtype],
            claimed: Mapping[str, AbstractSet[torch.dtype]],
-           tolerated: Mapping[str, AbstractSet[torch.dtype]], *, hold: Holding = stored_as) -> Observation:
+           tolerated: Mapping[str, AbstractSet[torch.dtype]], *, hold: Holding = stored_as,
+           share: float | None = None) -> Observation:
     """The deployed forward (the model as the trials ran it: `lowered` stored lowered, the plan attached),
     after checking that its matmuls/convs ran in the dtypes the plan claims: `claimed` (module path -> the
     dtypes its matmul/conv ops computed in under the plan; `tolerated`: the dtypes of its other ops, whose
-    kernels may multiply matrices too). NotAsClaimed, naming the modules, when they did not. `hold`: how
+    kernels may multiply matrices too). NotAsClaimed, naming the modules, when they did not; and when `share` (the
+    report's share of matmul/conv FLOPs in the lower dtype) is not the share the deployed forward ran low,
+    counted per ATen call (`Observation.flop_share`: what `benchmarks/aten_share.py` counts), unless the forward
+    ran matmuls on NestedTensors (an nn.TransformerEncoder that dropped its padding computes fewer FLOPs than the
+    padded forward the report counts: a known difference, not a dtype one). `hold`: how
     `lowered` is held (`Holding`)."""
     with hold(model, lowered):
         seen = observe(model, plan, inputs)
     problems = gemm_mismatches(seen.gemms, claimed, tolerated)
+    if share is not None and not seen.nested and abs(seen.flop_share - share) > SHARE_TOLERANCE:
+        problems.insert(0, f"the report says {share:.6%} of matmul/conv FLOPs ran in {plan.dtype}, "
+                           f"{seen.flop_share:.6%} did (counted per ATen call: "
+                           + ", ".join(f"{_names({d})} {n}" for d, n in sorted(seen.flops.items(), key=str)) + ")")
     if problems:
         raise NotAsClaimed("the deployed model does not run what the plan claims (an mpt bug): "
                            + "; ".join(problems[:5]))

@@ -7,18 +7,12 @@ from typing import Any
 
 from torch import Tensor
 
-MATMUL_OPS = frozenset({"linear", "matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "mv", "dot",
-                        "addmm", "baddbmm", "addbmm", "addmv", "einsum", "scaled_dot_product_attention",
-                        "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
-                        "conv_transpose3d", "conv_tbc", "bilinear",
-                        # composites that ATen runs as mm/dot calls (issue 34: their FLOPs counted there only)
-                        "linalg_matmul", "tensordot", "inner", "linalg_multi_dot", "chain_matmul"})
+from tuner.policy.opnames import MATMUL_OPS, RNN_CELL_OPS, RNN_OPS
+
+__all__ = ["MATMUL_OPS", "RNN_CELL_OPS", "RNN_OPS", "aten_flops", "first_tensor", "op_flops"]
+
 _PRODUCTS = frozenset({"tensordot", "inner"})  # one contraction, no batch dimensions
 _CHAINS = frozenset({"linalg_multi_dot", "chain_matmul"})
-# one step of a recurrent cell: its two gate matmuls (`linear` inside ATen), counted as those
-RNN_CELL_OPS = frozenset({"gru_cell", "lstm_cell", "rnn_tanh_cell", "rnn_relu_cell"})
-RNN_OPS = frozenset({"lstm", "gru", "rnn_tanh", "rnn_relu", "mkldnn_rnn_layer"}) | RNN_CELL_OPS
-
 
 def first_tensor(x: Any) -> Tensor | None:
     """The first tensor in a (nested) tuple, list or dict; None when there is none."""
@@ -31,10 +25,8 @@ def first_tensor(x: Any) -> Tensor | None:
             return t
     return None
 
-
 _CONVS = frozenset({"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
                     "conv_tbc"})
-
 
 def op_flops(op: str, args: tuple, kwargs: dict, out: Any) -> int:
     """FLOPs of one call of a matmul/conv-like op or a recurrent layer; 0 for other ops (memory-bound).
@@ -61,7 +53,6 @@ def op_flops(op: str, args: tuple, kwargs: dict, out: Any) -> int:
     except (IndexError, RuntimeError, KeyError):
         return 0
 
-
 def _matmul_flops(op: str, tensors: list[Tensor], o: Tensor) -> int:
     """op_flops of a matmul-like op other than einsum and the chains: `tensors` its tensor arguments in order,
     `o` its output."""
@@ -86,7 +77,6 @@ def _matmul_flops(op: str, tensors: list[Tensor], o: Tensor) -> int:
         return 4 * math.prod(int(s) for s in q.shape[:-1]) * int(k.shape[-2]) * int(q.shape[-1])
     return 0
 
-
 def _conv_flops(op: str, tensors: list[Tensor], o: Tensor) -> int:
     """op_flops of a convolution: 2 per multiply-add, each output element of a (grouped) convolution taking
     one weight slice; a transposed one counted from its input, as ATen's `convolution` is."""
@@ -96,7 +86,6 @@ def _conv_flops(op: str, tensors: list[Tensor], o: Tensor) -> int:
     if op.startswith("conv_transpose"):
         return 2 * x.numel() * int(w.shape[1]) * math.prod(int(s) for s in w.shape[2:])
     return 2 * o.numel() * math.prod(int(s) for s in w.shape[1:])
-
 
 def _chain_flops(matrices: list[Tensor]) -> int:
     """torch.linalg.multi_dot / chain_matmul: the mm calls of the cheapest order, which torch picks (a 1-d first
@@ -113,7 +102,6 @@ def _chain_flops(matrices: list[Tensor]) -> int:
             j = i + span
             cost[i][j] = min(cost[i][k] + cost[k + 1][j] + dims[i] * dims[k + 1] * dims[j + 1] for k in range(i, j))
     return 2 * cost[0][n - 1]
-
 
 def _einsum_flops(args: tuple, kwargs: dict) -> int:
     """torch.einsum(equation, *operands): 2 per multiply-add of each pairwise contraction, left to right (as
@@ -157,7 +145,6 @@ def _einsum_flops(args: tuple, kwargs: dict) -> int:
         acc = {x for x in both if x in kept or x in later}
     return total
 
-
 def _rnn_flops(args: tuple) -> int:
     """torch.lstm/gru(input, hx, params, ...): every step multiplies each weight matrix once per token."""
     x = args[0] if args and isinstance(args[0], Tensor) else None
@@ -168,7 +155,6 @@ def _rnn_flops(args: tuple) -> int:
     tokens = x.numel() // int(x.shape[-1])
     return 2 * tokens * sum(p.numel() for p in params if p.dim() == 2)
 
-
 def _cell_flops(args: tuple, kwargs: dict) -> int:
     """torch.gru_cell/lstm_cell/rnn_*_cell(input, hx, w_ih, w_hh, ...): each input row (one, unbatched) multiplies
     both weight matrices once: the two `linear` calls ATen runs it as (addmm, or mm without biases)."""
@@ -178,7 +164,6 @@ def _cell_flops(args: tuple, kwargs: dict) -> int:
     if x is None or x.dim() == 0 or len(weights) != 2:
         return 0
     return 2 * (x.numel() // int(x.shape[-1])) * sum(int(w.numel()) for w in weights)
-
 
 def aten_flops(op: str, args: tuple, kwargs: dict, out: Any) -> int:
     """FLOPs of one ATen matmul/conv/attention/RNN call (`tuner.measure.deployed.GEMMS`'s names), 0 for others.
@@ -195,6 +180,8 @@ def aten_flops(op: str, args: tuple, kwargs: dict, out: Any) -> int:
             return 2 * o.numel() * int(a[1].shape[-1]) if o is not None else 0
         if op == "addbmm":
             return 2 * o.numel() * int(a[1].shape[-1]) * int(a[1].shape[0]) if o is not None else 0
+        if op in ("linear", "matmul"):  # on a NestedTensor only (`GEMMS`): its total size counts every sequence
+            return 2 * o.numel() * int(a[0].size(-1)) if o is not None else 0
         if op in ("mkldnn_linear", "_mkldnn_linear"):
             return 2 * o.numel() * int(a[1].shape[-1]) if o is not None else 0
         if op in ("convolution", "_convolution", "convolution_overrideable"):
@@ -228,7 +215,6 @@ def aten_flops(op: str, args: tuple, kwargs: dict, out: Any) -> int:
         return 0
     return 0
 
-
 def _trilinear_flops(a: list, o: Tensor | None) -> int:
     """aten._trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, ...), what F.bilinear runs as: each output
     element sums over the `sumdim` dimensions of the three inputs, each unsqueezed at its `expand` positions."""
@@ -242,7 +228,6 @@ def _trilinear_flops(a: list, o: Tensor | None) -> int:
         for d, size in enumerate(shape):
             sizes[d] = max(sizes.get(d, 1), size)
     return 2 * o.numel() * math.prod(sizes[int(d)] for d in a[6])
-
 
 def _attention_flops(q: Tensor, k: Tensor, e: int) -> int:
     """softmax(q k^T) v over all heads: 4 * (query tokens) * (key tokens) * e per sequence; nested tensors

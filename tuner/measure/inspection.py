@@ -32,6 +32,7 @@ from tuner.engine.function_mode import Decision
 from tuner.engine.kind import EngineKind
 from tuner.measure.deployed import stored_as
 from tuner.measure.flops import first_tensor, op_flops
+from tuner.measure.kernel_hints import kernel_note
 from tuner.measure.shares import ShareCounter
 from tuner.policy.opnames import is_neutral
 from tuner.policy.rules import Rule
@@ -56,6 +57,9 @@ class OpRecord:
     local_error: float | None
     nonfinite: bool
     neutral: bool = False  # its precision cannot change its result (a view, reshape, copy, eval dropout)
+    # when its kernel computed in another dtype than it was cast to (`dtype` is the kernel's then): what it ran,
+    # and the cheap change that lets it run in the cast dtype, if one does (`tuner.measure.kernel_hints`)
+    kernel_note: str = ""
 
     @property
     def label(self) -> str:
@@ -231,7 +235,7 @@ def _inspect(model: nn.Module, inputs: ModelInputs | tuple, policy: PolicyLike, 
     counter = ShareCounter()
 
     def record_policy(d: Decision, func: Callable[..., Any], args: tuple, kwargs: dict, out: Any, *raw: Any) -> None:
-        records.append(reference.record(d, args, kwargs, out))
+        records.append(reference.record(d, args, kwargs, out, func))
         counter.count(d, records[-1].flops)
 
     with torch.no_grad(), run(recorder=record_policy):
@@ -256,18 +260,21 @@ class _Reference:
     replays: dict[Key, tuple[Callable[..., Any], tuple, dict]] = field(default_factory=dict)
     output: Any = None  # the model's FP32 output
 
-    def record(self, d: Decision, args: tuple, kwargs: dict, out: Any) -> OpRecord:
-        """The OpRecord of one call of the policy's pass, compared with the same call here."""
+    def record(self, d: Decision, args: tuple, kwargs: dict, out: Any,
+               func: Callable[..., Any] | None = None) -> OpRecord:
+        """The OpRecord of one call of the policy's pass, compared with the same call here. `dtype` is what its
+        work computed in (`Decision.ran`: its kernel's, when that widened what it was cast to)."""
         key = (d.module, d.op, d.index)
         ref = self.outputs.get(key)
         o = first_tensor(out)
         return OpRecord(
-            module=d.module, op=d.op, index=d.index, input_dtypes=d.in_dtype_names, dtype=d.compute_name,
+            module=d.module, op=d.op, index=d.index, input_dtypes=d.in_dtype_names, dtype=short_name(d.ran),
             output_dtype=short_name(o.dtype) if o is not None else "-", rule=d.rule, reason=d.reason,
             casts=d.casts, flops=op_flops(d.op, args, kwargs, out),
             error=relative_error(out, ref) if ref is not None else None,
             local_error=self.local_error(d, key, ref) if ref is not None else None,
-            nonfinite=not _all_finite(out), neutral=is_neutral(d.op, args, kwargs))
+            nonfinite=not _all_finite(out), neutral=is_neutral(d.op, args, kwargs),
+            kernel_note=kernel_note(d, func, args, kwargs) if func is not None else "")
 
     def local_error(self, d: Decision, key: Key, ref: Any) -> float | None:
         """The op re-run on the FP32 run's inputs in the dtype it computed in under the policy."""

@@ -58,9 +58,9 @@ def record_plan(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> Pl
 
     def record(d: Decision, func: Any, args: tuple, kwargs: dict, out: Any, *raw: Any) -> None:
         counter.add(d, args, kwargs, out)
-        if d.compute is not None:
+        if d.ran is not None:  # a matmul's claim is what its kernel computed in (`Decision.kernel`)
             gemm = d.op in MATMUL_OPS or d.op in RNN_OPS
-            (claimed if gemm else tolerated).setdefault(d.module, set()).add(d.compute)
+            (claimed if gemm else tolerated).setdefault(d.module, set()).add(d.ran)
         inst = OpInstance(d.module, d.op, d.index)
         if inst in wanted and policy.lookup(d.op)[0] in FROM_INPUTS and inputs_all_fp32(d):
             idle.add(inst)

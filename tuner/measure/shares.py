@@ -77,7 +77,7 @@ class ShareCounter:
 
     `inspect_model`'s summary counts with it too: a call is a floating-point
     call when it computed in some dtype (`compute` is not None), a lower call
-    when that dtype is bf16/fp16 (`Decision.lowered`); FLOPs are `op_flops` of
+    when its work computed in bf16/fp16 (`Decision.ran_low`: its kernel's dtype, issue 40); FLOPs are `op_flops` of
     every call, lower FLOPs those of the lower calls.
     """
 
@@ -91,12 +91,12 @@ class ShareCounter:
     def count(self, decision: Decision, flops: int) -> None:
         """Count one call whose FLOPs are known."""
         self._flops += flops
-        if decision.rule is Rule.MODEL_FP32 or (decision.rule is Rule.MODEL_AUTOCAST and not decision.lowered):
+        if decision.rule is Rule.MODEL_FP32 or (decision.rule is Rule.MODEL_AUTOCAST and not decision.ran_low):
             self._model_flops += flops
         if decision.compute is None:
             return
         self._calls += 1
-        if decision.lowered:
+        if decision.ran_low:  # what its kernel computed in (`Decision.kernel`), not only what it was cast to
             self._lower_calls += 1
             self._lower_flops += flops
 

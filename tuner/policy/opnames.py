@@ -72,6 +72,32 @@ UPDATES_BUFFERS: frozenset[str] = frozenset({"batch_norm", "instance_norm", "nat
                                              "_native_batch_norm_legit", "cudnn_batch_norm",
                                              "_batch_norm_impl_index", "_batch_norm_with_update"})
 
+# Python-level ops whose work is matrix products or convolutions: their FLOPs make a forward's FLOP share
+# (`tuner.measure.flops.op_flops`), and the engine watches the ATen kernels they run (`tuner.engine.kernels`).
+MATMUL_OPS = frozenset({"linear", "matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "mv", "dot",
+                        "addmm", "baddbmm", "addbmm", "addmv", "einsum", "scaled_dot_product_attention",
+                        "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+                        "conv_transpose3d", "conv_tbc", "bilinear",
+                        # composites that ATen runs as mm/dot calls (issue 34: their FLOPs counted there only)
+                        "linalg_matmul", "tensordot", "inner", "linalg_multi_dot", "chain_matmul"})
+# one step of a recurrent cell: its two gate matmuls (`linear` inside ATen), counted as those
+RNN_CELL_OPS = frozenset({"gru_cell", "lstm_cell", "rnn_tanh_cell", "rnn_relu_cell"})
+RNN_OPS = frozenset({"lstm", "gru", "rnn_tanh", "rnn_relu", "mkldnn_rnn_layer"}) | RNN_CELL_OPS
+
+# ATen ops that multiply matrices or convolve (the work whose precision a plan decides), fused ones included.
+# `linear` and `matmul` reach a dispatch mode only on a NestedTensor (whose own kernels they are; on a plain
+# tensor they decompose into mm/addmm/bmm first): the layers of an nn.TransformerEncoder that nested its
+# padded input, when their fused fast path is off (`tuner.engine.native.install`), run them so (issue 34).
+ATEN_GEMMS = frozenset({
+    "linear", "matmul",
+    "mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "convolution", "_convolution",
+    "convolution_overrideable", "mkldnn_convolution", "_mkldnn_linear", "mkldnn_linear", "_addmm_activation",
+    "_transformer_encoder_layer_fwd", "_native_multi_head_attention", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_int_mm", "_scaled_mm", "mkldnn_rnn_layer", "_thnn_fused_lstm_cell",
+    "_thnn_fused_gru_cell", "_cudnn_rnn", "conv_tbc", "_trilinear",
+})
+
 # Dunder methods keep the seeds' spelling: `__add__` -> `add`, `__iadd__` -> `iadd`.
 _KEEP_DUNDER = {"__matmul__", "__rmatmul__"}
 

@@ -92,9 +92,11 @@ def plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, *,
 def verify_plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, planned: PlanPass, *,
                      hold: Holding = stored_as) -> Any:
     """The deployed forward's output (the model as the trials ran it), after checking that its matmuls/convs
-    ran in the dtypes the plan claims (`tuner.measure.deployed.verify`: NotAsClaimed, an internal error
-    naming the modules, when not). `hold`: how the lowered parameters are held (`deployed.Holding`)."""
-    return verify(model, plan, inputs, planned.lowered, planned.claimed, planned.tolerated, hold=hold).output
+    ran in the dtypes the plan claims and its share of them in the lower dtype is the report's
+    (`tuner.measure.deployed.verify`: NotAsClaimed, an internal error naming the modules, when not). `hold`:
+    how the lowered parameters are held (`deployed.Holding`)."""
+    return verify(model, plan, inputs, planned.lowered, planned.claimed, planned.tolerated, hold=hold,
+                  share=planned.shares.flop_share).output
 
 
 def check_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, path: str | Path,

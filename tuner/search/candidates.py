@@ -124,7 +124,8 @@ def _recorded(model: nn.Module, inputs: ModelInputs, policy: Policy, dtype: torc
                 and (d.casts > 0 or not is_neutral(d.op, args, kwargs))):
             y = first_tensor(out)
             cand = OpInstance(d.module, d.op, d.index)
-            flops[cand] = op_flops(d.op, args, kwargs, out)
+            # FP32 takes away only FLOPs that ran low: a kernel that widens them (`Decision.kernel`) ran them FP32
+            flops[cand] = op_flops(d.op, args, kwargs, out) if d.ran_low else 0
             costs[cand] = float(flops[cand] + (y.numel() if y is not None else 0))
 
     with torch.no_grad(), PrecisionEngine(policy, dtype, root=model, recorder=record,

@@ -594,3 +594,9 @@ def test_click_usage_errors_are_one_mpt_error_line(runner, args, fragments):
     err = assert_error(res, exitcodes.USAGE, *fragments)
     assert err.count("\n") == 1 and "Usage:" not in res.output and "Error:" not in res.output
     assert "Usage:" in mpt(runner).output  # `mpt` alone still shows the help
+
+
+def test_a_missing_plan_path_is_not_an_unknown_preset(runner, tmp_path):
+    res = mpt(runner, "inspect", ASSETS / "valid_model.py", "--plan", tmp_path / "runs" / "nope")
+    err = assert_error(res, exitcodes.USAGE, f"--plan: {tmp_path / 'runs' / 'nope'} not found", "plan.yaml")
+    assert "preset" not in err

@@ -76,6 +76,9 @@ class _Renderer:
         from tuner.search.results import EventKind
 
         data = event.payload
+        if event.kind is EventKind.BUILDING:  # the folder is claimed: no refusal that needs no model follows
+            self.working("building the model and evaluating the FP32 baseline ...")
+            return
         if event.kind is EventKind.EVALUATING:
             if self.tty:
                 self.working(f"eval {data.n}: evaluating {data.label} ...")
@@ -189,7 +192,6 @@ def _tune(opts: Any, render: _Renderer, started: float) -> tuple[Any, Any]:
     ranks = join_ranks(click.get_current_context(), opts.device)  # before the user's code (torch.distributed on import)
     user = load_model(opts.model, specs=opts.specs(), fidelity={k: getattr(opts, k) for k in FIDELITY_KEYS},
                       device=opts.device, folder=Path(opts.out) if ranks.is_main else None)
-    render.working("building the model and evaluating the FP32 baseline ...")
     run = tune_into_folder(user, opts.tune_options(), opts.out, resume=opts.resume, overwrite=opts.overwrite,
                            specs=opts.specs(), on_event=render, started=started, latency=opts.latency, ranks=ranks,
                            consolidate=opts.consolidate, save_pretrained=opts.save_pretrained)

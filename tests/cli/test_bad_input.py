@@ -600,3 +600,13 @@ def test_a_missing_plan_path_is_not_an_unknown_preset(runner, tmp_path):
     res = mpt(runner, "inspect", ASSETS / "valid_model.py", "--plan", tmp_path / "runs" / "nope")
     err = assert_error(res, exitcodes.USAGE, f"--plan: {tmp_path / 'runs' / 'nope'} not found", "plan.yaml")
     assert "preset" not in err
+
+
+def test_a_refused_out_is_said_before_any_building_line(runner, tmp_path):
+    """A refusal that needs no model comes alone: no "building the model ..." line before it (piped output)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"mine")
+    res = mpt(runner, "tune", ASSETS / "valid_model.py", "--out", out)
+    assert_error(res, exitcodes.USAGE, "mpt did not write")
+    assert "building the model" not in res.output

@@ -128,3 +128,17 @@ def test_a_settled_baseline_leaves_its_evaluation_to_the_search():
     assert all(t.signature for t in result.trials[:2])  # compared: the baseline and the all-low trial
     assert result.trials[2:] and not any(t.signature for t in result.trials[2:])  # the rest: not hashed
     assert {i.label() for i in result.plan.fp32_instances} == task.build().fragile_labels()
+
+
+def test_noise_as_large_as_the_tolerance_stops_the_search_after_the_baseline():
+    """"no plan can be confirmed" is the end of the search: no evaluation follows the baseline's."""
+    task = PlantedTask(16, 1)
+    rng = random.Random(0)
+
+    def noisy(model):
+        return task.evaluate(model) + rng.uniform(-0.05, 0.05)
+
+    result = tune(task.build, noisy, task.example_inputs, TuneOptions(tolerance=0.01))
+    assert any("no plan can be confirmed" in w for w in result.warnings)
+    assert result.status != "ok" and result.trials[-1].baseline  # nothing evaluated after the last baseline run
+    assert [t.baseline for t in result.trials] == [True, False, True, True, True, True]

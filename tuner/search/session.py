@@ -125,7 +125,7 @@ class TuneSession:
             if first.passed:
                 chosen = frozenset()
                 self.notes.append("everything eligible passes in the lower precision")
-            elif found.instances:
+            elif found.instances and not self._unconfirmable(base):  # else no evaluation could confirm a plan
                 limits = self.aid_limits(found, low)
                 with phase(Phase.RANKING):
                     scores = self.rank(found, limits.probes)
@@ -199,15 +199,21 @@ class TuneSession:
         base = measure_baseline(self._fp32_metric, base.samples)
         return base, self._accept(base)
 
+    def _unconfirmable(self, base: Baseline) -> bool:
+        """The metric's noise is as large as the tolerance allows: no trial can clear the target by more than
+        the noise, so the search ends with the baseline (the all-FP32 plan), warned by `_note_noise`."""
+        return base.noisy and base.spread >= self.options.slack(base.value)
+
     def _note_noise(self, base: Baseline) -> None:
         if not base.noisy:
             return
         self.notes.append(f"evaluate is not deterministic: {len(base.samples)} FP32 runs spread over "
                           f"{base.spread:.3g}; a plan must clear the target by more than that")
-        if base.spread >= self.options.slack(base.value):
+        if self._unconfirmable(base):
             self.warnings.append(f"the metric's noise ({base.spread:.3g}) is as large as the tolerance allows "
-                                 f"({self.options.slack(base.value):.3g}): no plan can be confirmed; make "
-                                 "evaluate deterministic (fixed seeds, no dropout) or raise the tolerance")
+                                 f"({self.options.slack(base.value):.3g}): no plan can be confirmed, so the "
+                                 "search stops here; make evaluate deterministic (fixed seeds, no dropout) or "
+                                 "raise the tolerance")
 
     def example_inputs(self, recorded: ModelInputs | None) -> ModelInputs:
         """The inputs of the recorded forwards, on the tune's device: example_inputs() when the user gave it,

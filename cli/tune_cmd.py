@@ -92,7 +92,7 @@ class _Renderer:
         self.stop()
         self.flush_warnings()
         if event.kind is EventKind.BASELINE:
-            self.target_digits = max(6, self.digits.set_reference(data.value, data.target))
+            self.target_digits = self.digits.set_reference(data.value, data.target)  # the trials' digits
             self.out.print(self.baseline_line(data, self.target_digits), markup=False)
             if self.tty and not data.noisy:  # a noisy baseline is told again after the all-low trial
                 self.working("finding the op instances that run in lower precision ...")
@@ -112,9 +112,10 @@ class _Renderer:
 
     @staticmethod
     def baseline_line(b: Any, digits: int = 6) -> str:
-        """`baseline 0.9521; target >= 0.942579`, with the noise margin when evaluate is not deterministic."""
+        """`baseline 0.9521; target >= 0.9426`, with the noise margin when evaluate is not deterministic."""
         relation = "<=" if b.lower_is_better else ">="
-        noise = f" (noise ±{b.spread:.3g}: a trial must clear the target by more)" if b.noisy else ""
+        noise = f" (noise: FP32 runs spread over {b.spread:.3g}; a trial must clear the target by more)" \
+            if b.noisy else ""  # the whole range (max - min), not a ± half-width
         return f"baseline {fmt_metric(b.value, digits)}{noise}; target {relation} {fmt_metric(b.target, digits)}"
 
     def ranking(self, progress: Any) -> None:

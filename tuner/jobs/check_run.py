@@ -94,7 +94,7 @@ class CheckResult:
         tol = self._tolerance_text(self.tolerance)
         if self.plan_tolerance is not None and self.plan_tolerance != self.tolerance:  # say which one judged
             tol += f" given, the plan's {self._tolerance_text(self.plan_tolerance)}"
-        noise = f", noise ±{self.margin:.{digits}g}" if self.margin > 0 else ""
+        noise = f", noise range {self.margin:.{digits}g}" if self.margin > 0 else ""  # max - min: not a ±
         return f"check: {self.status.upper()} {m} {op} target {t} (baseline {b}, tolerance {tol}{noise})"
 
     def _tolerance_text(self, tolerance: float) -> str:

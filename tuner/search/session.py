@@ -195,9 +195,27 @@ class TuneSession:
         return base, accept, trials.rejudge(base, accept, frozenset(), first)
 
     def complete_baseline(self, base: Baseline) -> tuple[Baseline, Acceptance]:
-        """`base` evaluated again until complete (two equal runs, or NOISY_SAMPLES), and its acceptance."""
-        base = measure_baseline(self._fp32_metric, base.samples)
+        """`base` evaluated again until complete (two equal runs, or NOISY_SAMPLES), and its acceptance.
+
+        Two equal runs that fed other data or drew other numbers (their signatures differ: a metric seeded
+        from os.urandom, a random subset) agree by luck as easily as by determinism, so those take one run
+        more. The baseline's runs are signed for it (a hash of the data each feeds: only here, not in the
+        search's trials)."""
+        self.evaluator.signing = True  # the first two runs' signatures are compared below
+        try:
+            base = measure_baseline(self._fp32_metric, base.samples)
+            if not base.noisy and not self._fp32_runs_repeat():
+                base = measure_baseline(self._fp32_metric, base.samples + (self._fp32_metric(),))
+        finally:
+            self.evaluator.signing = False
         return base, self._accept(base)
+
+    def _fp32_runs_repeat(self) -> bool:
+        """Whether the first two FP32 baseline runs fed the same data and drew alike (tuner.search.repeatable),
+        on every rank."""
+        fp32 = [t for t in self.evaluator.trials if t.baseline][:2]
+        same = len(fp32) == 2 and repeatable(fp32[0].signature, fp32[1].signature)
+        return all(self.ranks.gather(same))
 
     def _unconfirmable(self, base: Baseline) -> bool:
         """The metric's noise is as large as the tolerance allows: no trial can clear the target by more than

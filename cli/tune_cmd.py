@@ -187,15 +187,24 @@ def tune_cmd(**values: Any) -> None:
 
 def _tune(opts: Any, render: _Renderer, started: float) -> tuple[Any, Any]:
     """Ranks -> the user's file -> the run; (TuneRun, Ranks). Imports torch."""
+    from tuner.core.errors import Interrupted
+    from tuner.core.output_files import JOURNAL_NAME
     from tuner.jobs.prepare import FIDELITY_KEYS, load_model
     from tuner.jobs.tune_run import tune_into_folder
+    from tuner.workspace.journal import holds_trials
 
     ranks = join_ranks(click.get_current_context(), opts.device)  # before the user's code (torch.distributed on import)
     user = load_model(opts.model, specs=opts.specs(), fidelity={k: getattr(opts, k) for k in FIDELITY_KEYS},
                       device=opts.device, folder=Path(opts.out) if ranks.is_main else None)
-    run = tune_into_folder(user, opts.tune_options(), opts.out, resume=opts.resume, overwrite=opts.overwrite,
-                           specs=opts.specs(), on_event=render, started=started, latency=opts.latency, ranks=ranks,
-                           consolidate=opts.consolidate, save_pretrained=opts.save_pretrained)
+    try:
+        run = tune_into_folder(user, opts.tune_options(), opts.out, resume=opts.resume, overwrite=opts.overwrite,
+                               specs=opts.specs(), on_event=render, started=started, latency=opts.latency,
+                               ranks=ranks, consolidate=opts.consolidate, save_pretrained=opts.save_pretrained)
+    except (KeyboardInterrupt, Interrupted):
+        if ranks.is_main and not holds_trials(Path(opts.out) / JOURNAL_NAME):  # nothing finished: nothing kept
+            raise Interrupted(f"interrupted before the first evaluation finished; nothing was kept in {opts.out} "
+                              "(run the command again; there is nothing to resume)") from None
+        raise
     return run, ranks
 
 

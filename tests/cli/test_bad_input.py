@@ -610,3 +610,14 @@ def test_a_refused_out_is_said_before_any_building_line(runner, tmp_path):
     res = mpt(runner, "tune", ASSETS / "valid_model.py", "--out", out)
     assert_error(res, exitcodes.USAGE, "mpt did not write")
     assert "building the model" not in res.output
+
+
+def test_an_interrupt_before_the_first_evaluation_finished_says_nothing_was_kept(runner, tmp_path):
+    """Ctrl-C in the first FP32 evaluation: the folder is removed, so "finished work was kept (rerun with
+    --resume)" would be wrong; the message says nothing was kept and no --resume is needed."""
+    path = model_file(tmp_path, {"evaluate": "def evaluate(model):\n    raise KeyboardInterrupt\n"})
+    res = tune(runner, tmp_path, path)
+    err = assert_error(res, exitcodes.INTERRUPTED, "interrupted before the first evaluation finished",
+                       "nothing was kept", "nothing to resume")
+    assert "finished work was kept" not in err and "rerun with --resume" not in err
+    assert not (tmp_path / "out").exists()

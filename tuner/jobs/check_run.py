@@ -204,7 +204,7 @@ def _fp32_baseline(user: UserModel, keeper: ModelKeeper, plan: Plan, folder: Pat
     model (trains it, folds its layers) gets it rebuilt before the next one, so its change cannot pass
     for noise (and widen the margin the verdict allows)."""
     if plan.model is not None:
-        plan.model.check_structure(keeper.model, what=f"the plan in {folder}")
+        plan.model.check_structure(keeper.model, what=f"the plan in {folder}", folder=folder)
     _check_modules(keeper.model, plan)
 
     def evaluate_fp32() -> float:

@@ -137,9 +137,9 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
                 if find_out_of_memory(exc) is None:
                     raise
                 raise out_of_memory(exc, f"running mpt {ctx.command.name}") from exc  # one message, one code
-        except (KeyboardInterrupt, Interrupted):
-            _fail(ctx, exitcodes.INTERRUPTED, "interrupted; finished work was kept (rerun with --resume to continue "
-                  "a tune)")
+        except (KeyboardInterrupt, Interrupted) as exc:  # an Interrupted with a text says what was kept
+            _fail(ctx, exitcodes.INTERRUPTED, str(exc) if isinstance(exc, Interrupted) and str(exc) else
+                  "interrupted; finished work was kept (rerun with --resume to continue a tune)")
         except MptError as exc:
             original = exc.original if isinstance(exc, (UserCodeError, OutOfMemory)) else None
             notes: tuple[str, ...] = ()

@@ -30,11 +30,14 @@ TOP_TITLE = "top {n} by own error (views, copies, eval dropout left out)"
 # and module paths again; the rule (short names) and error columns keep their width.
 _MODULE, _OP, _DTYPES = 0, 1, 2
 _STAGES = ((_MODULE, 16), (_OP, 16), (_DTYPES, 10), (_MODULE, 8), (_OP, 8))
+# Piped output is read by scripts and pasted into --module: a module path or op label is never cut there (a
+# long path makes its lines longer than PIPED_WIDTH instead); only the input dtypes give way.
+_PLAIN_STAGES = ((_DTYPES, 10),)
 
 _TERMINAL_COLUMNS = (Column("module", shorten=Shorten.MIDDLE), Column("op", shorten=Shorten.MIDDLE),
                      Column("in > ran > out", shorten=Shorten.END), Column("error", right=True),
                      Column("local", right=True), Column("rule"))
-_PLAIN_COLUMNS = (Column("module", shorten=Shorten.MIDDLE), Column("op", shorten=Shorten.MIDDLE),
+_PLAIN_COLUMNS = (Column("module"), Column("op"),
                   Column("inputs", shorten=Shorten.END), Column("computed"), Column("output"),
                   Column("error", right=True), Column("local", right=True), Column("rule"))
 
@@ -66,8 +69,8 @@ def inspect_cmd(**values: Any) -> None:
     leaving out calls whose precision cannot change their result (views,
     reshape, permute, contiguous, dropout in eval). The rule column uses
     short names, spelled out in the line under the table; long module paths
-    are shortened in the middle so that a row fits the terminal (120
-    characters when piped). The summary gives the share of op calls and of
+    are shortened in the middle so that a row fits the terminal, and never
+    when piped (whole paths paste into --module). The summary gives the share of op calls and of
     matmul/conv FLOPs that ran in the lower precision and the casts inserted.
     """
     from tuner.jobs.inspect_run import inspect
@@ -94,7 +97,7 @@ def inspect_cmd(**values: Any) -> None:
     else:
         if top:
             out.print(TOP_TITLE.format(n=len(shown)))
-        for line in plain_table(_PLAIN_COLUMNS, [_plain_row(r) for r in shown], _STAGES, PIPED_WIDTH):
+        for line in plain_table(_PLAIN_COLUMNS, [_plain_row(r) for r in shown], _PLAIN_STAGES, PIPED_WIDTH):
             out.print(line)
         for line in wrap_line(legend):
             out.print(line)

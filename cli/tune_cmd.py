@@ -76,6 +76,9 @@ class _Renderer:
         from tuner.search.results import EventKind
 
         data = event.payload
+        if event.kind is EventKind.BUILDING:  # the folder is claimed: no refusal that needs no model follows
+            self.working("building the model and evaluating the FP32 baseline ...")
+            return
         if event.kind is EventKind.EVALUATING:
             if self.tty:
                 self.working(f"eval {data.n}: evaluating {data.label} ...")
@@ -89,7 +92,7 @@ class _Renderer:
         self.stop()
         self.flush_warnings()
         if event.kind is EventKind.BASELINE:
-            self.target_digits = max(6, self.digits.set_reference(data.value, data.target))
+            self.target_digits = self.digits.set_reference(data.value, data.target)  # the trials' digits
             self.out.print(self.baseline_line(data, self.target_digits), markup=False)
             if self.tty and not data.noisy:  # a noisy baseline is told again after the all-low trial
                 self.working("finding the op instances that run in lower precision ...")
@@ -109,9 +112,10 @@ class _Renderer:
 
     @staticmethod
     def baseline_line(b: Any, digits: int = 6) -> str:
-        """`baseline 0.9521; target >= 0.942579`, with the noise margin when evaluate is not deterministic."""
+        """`baseline 0.9521; target >= 0.9426`, with the noise margin when evaluate is not deterministic."""
         relation = "<=" if b.lower_is_better else ">="
-        noise = f" (noise ±{b.spread:.3g}: a trial must clear the target by more)" if b.noisy else ""
+        noise = f" (noise: FP32 runs spread over {b.spread:.3g}; a trial must clear the target by more)" \
+            if b.noisy else ""  # the whole range (max - min), not a ± half-width
         return f"baseline {fmt_metric(b.value, digits)}{noise}; target {relation} {fmt_metric(b.target, digits)}"
 
     def ranking(self, progress: Any) -> None:
@@ -183,16 +187,24 @@ def tune_cmd(**values: Any) -> None:
 
 def _tune(opts: Any, render: _Renderer, started: float) -> tuple[Any, Any]:
     """Ranks -> the user's file -> the run; (TuneRun, Ranks). Imports torch."""
+    from tuner.core.errors import Interrupted
+    from tuner.core.output_files import JOURNAL_NAME
     from tuner.jobs.prepare import FIDELITY_KEYS, load_model
     from tuner.jobs.tune_run import tune_into_folder
+    from tuner.workspace.journal import holds_trials
 
     ranks = join_ranks(click.get_current_context(), opts.device)  # before the user's code (torch.distributed on import)
     user = load_model(opts.model, specs=opts.specs(), fidelity={k: getattr(opts, k) for k in FIDELITY_KEYS},
                       device=opts.device, folder=Path(opts.out) if ranks.is_main else None)
-    render.working("building the model and evaluating the FP32 baseline ...")
-    run = tune_into_folder(user, opts.tune_options(), opts.out, resume=opts.resume, overwrite=opts.overwrite,
-                           specs=opts.specs(), on_event=render, started=started, latency=opts.latency, ranks=ranks,
-                           consolidate=opts.consolidate, save_pretrained=opts.save_pretrained)
+    try:
+        run = tune_into_folder(user, opts.tune_options(), opts.out, resume=opts.resume, overwrite=opts.overwrite,
+                               specs=opts.specs(), on_event=render, started=started, latency=opts.latency,
+                               ranks=ranks, consolidate=opts.consolidate, save_pretrained=opts.save_pretrained)
+    except (KeyboardInterrupt, Interrupted):
+        if ranks.is_main and not holds_trials(Path(opts.out) / JOURNAL_NAME):  # nothing finished: nothing kept
+            raise Interrupted(f"interrupted before the first evaluation finished; nothing was kept in {opts.out} "
+                              "(run the command again; there is nothing to resume)") from None
+        raise
     return run, ranks
 
 

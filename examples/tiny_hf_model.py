@@ -16,12 +16,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 from transformers import BertConfig, BertForMaskedLM
+from transformers.utils import logging as hf_logging
 
 
 def main(out: str) -> None:
     torch.manual_seed(0)
     config = BertConfig(vocab_size=500, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=64)
+    hf_logging.disable_progress_bar()  # a one-shard "Writing model shards" bar would land after the line below
     BertForMaskedLM(config).save_pretrained(out)
     generator = torch.Generator().manual_seed(1)
     input_ids = torch.randint(1, 500, (32, 24), generator=generator)

@@ -594,3 +594,30 @@ def test_click_usage_errors_are_one_mpt_error_line(runner, args, fragments):
     err = assert_error(res, exitcodes.USAGE, *fragments)
     assert err.count("\n") == 1 and "Usage:" not in res.output and "Error:" not in res.output
     assert "Usage:" in mpt(runner).output  # `mpt` alone still shows the help
+
+
+def test_a_missing_plan_path_is_not_an_unknown_preset(runner, tmp_path):
+    res = mpt(runner, "inspect", ASSETS / "valid_model.py", "--plan", tmp_path / "runs" / "nope")
+    err = assert_error(res, exitcodes.USAGE, f"--plan: {tmp_path / 'runs' / 'nope'} not found", "plan.yaml")
+    assert "preset" not in err
+
+
+def test_a_refused_out_is_said_before_any_building_line(runner, tmp_path):
+    """A refusal that needs no model comes alone: no "building the model ..." line before it (piped output)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"mine")
+    res = mpt(runner, "tune", ASSETS / "valid_model.py", "--out", out)
+    assert_error(res, exitcodes.USAGE, "mpt did not write")
+    assert "building the model" not in res.output
+
+
+def test_an_interrupt_before_the_first_evaluation_finished_says_nothing_was_kept(runner, tmp_path):
+    """Ctrl-C in the first FP32 evaluation: the folder is removed, so "finished work was kept (rerun with
+    --resume)" would be wrong; the message says nothing was kept and no --resume is needed."""
+    path = model_file(tmp_path, {"evaluate": "def evaluate(model):\n    raise KeyboardInterrupt\n"})
+    res = tune(runner, tmp_path, path)
+    err = assert_error(res, exitcodes.INTERRUPTED, "interrupted before the first evaluation finished",
+                       "nothing was kept", "nothing to resume")
+    assert "finished work was kept" not in err and "rerun with --resume" not in err
+    assert not (tmp_path / "out").exists()

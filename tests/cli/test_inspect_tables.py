@@ -146,7 +146,8 @@ def test_terminal_table_shortens_long_paths_in_the_middle(runner, monkeypatch, d
 def test_piped_table_is_aligned_and_within_120_characters(runner, request, model):
     path = request.getfixturevalue(model)
     lines = _inspect(runner, path)
-    assert all(len(line) <= PIPED_WIDTH for line in lines[:-1])  # the summary line is prose
+    if model == "transformer":  # paths of ordinary length: within 120 (deep's paths are kept whole, below)
+        assert all(len(line) <= PIPED_WIDTH for line in lines[:-1])  # the summary line is prose
     table = _plain(lines)
     assert len(table) == len(_records(runner, path)) + 1
     header = table[0]
@@ -160,16 +161,13 @@ def test_piped_table_is_aligned_and_within_120_characters(runner, request, model
             assert line[e - 1] != " " and line[e:e + 2] == "  ", (e, line)
 
 
-def test_piped_table_shortens_long_paths_keeping_head_and_tail(runner, deep):
+def test_piped_table_keeps_whole_module_paths_to_paste_into_module(runner, deep):
+    """Piped (a script, `| grep`), a module path is never cut: each row's first cell is a real path."""
     modules = {r["module"] for r in _records(runner, deep)}
     table = _plain(_inspect(runner, deep))
     cells = {line.split()[0] for line in table[1:]}
-    shortened = [c for c in cells if "..." in c]
-    assert shortened and not any("…" in line for line in table)  # ASCII in a pipe
-    for cell in shortened:
-        head, tail = cell.split("...")
-        assert any(m.startswith(head) and m.endswith(tail) and len(m) > len(cell) for m in modules)
-        assert head.startswith("backbone_") and len(tail) > len(head) >= 8  # the tail gets two thirds
+    assert cells <= modules | {"(root)"} and not any("..." in c for c in cells)
+    assert max(len(m) for m in modules) > 70  # long enough to have been cut before
 
 
 @pytest.mark.parametrize("model", ["transformer", "deep"])

@@ -24,8 +24,9 @@ def test_baseline_and_candidates_lines(capsys):
     lines = rendered(capsys, TuneEvent(EventKind.BASELINE, BaselineMeasured(0.985185, 0.0, 0.975333, False)),
                      TuneEvent(EventKind.BASELINE, BaselineMeasured(2.5, 0.0123, 2.7, True)),
                      TuneEvent(EventKind.CANDIDATES, CandidatesFound(5, "bf16", "torch-cpu", 0.99412)))
-    assert lines == ["baseline 0.985185; target >= 0.975333",
-                     "baseline 2.5 (noise ±0.0123: a trial must clear the target by more); target <= 2.7",
+    assert lines == ["baseline 0.9852; target >= 0.9753",
+                     "baseline 2.500 (noise: FP32 runs spread over 0.0123; a trial must clear the target by more); "
+                     "target <= 2.700",
                      "5 op instances run in bf16 under torch-cpu and change the numbers; all-bf16 output error "
                      "9.94e-01"]
 

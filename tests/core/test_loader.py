@@ -597,3 +597,14 @@ def test_a_spec_file_and_its_imports_are_in_files_once(tmp_path):
     model = write(tmp_path, "model.py", TINY)
     user = load_user_model(str(model), eval="evalfile.py:evaluate")
     assert [f.name for f in user.files] == ["model.py", "evalfile.py", f"util_{tag}.py"]
+
+
+def test_evaluate_returning_none_under_a_decorator_names_the_users_line(tmp_path):
+    """`@torch.no_grad()` wraps evaluate in torch's _contextlib.py: the error names the user's def, not torch's."""
+    source = TINY.replace("def evaluate(model):", "def evaluate_old(model):")
+    path = write(tmp_path, "model.py", source + "\n\n@torch.no_grad()\ndef evaluate(model):\n    torch.ones(1)\n")
+    with pytest.raises(UserCodeError) as info:
+        load_user_model(str(path)).evaluate(None)
+    assert "evaluate returned None" in one_line(info.value)
+    line = line_of(path, "def evaluate(model):")
+    assert info.value.where in (f"model.py:{line - 1}", f"model.py:{line}")  # the decorator's line on Python < 3.12

@@ -61,7 +61,7 @@ def test_pass_exit_0_with_a_verdict_line(runner, run):
     assert res.exit_code == exitcodes.OK, res.output
     lines = res.stdout.strip().splitlines()
     assert len(lines) == 1
-    assert lines[0].startswith("check: PASS 1 >= target 0.99 (baseline 1, tolerance 1%)")
+    assert lines[0].startswith("check: PASS 1.000 >= target 0.9900 (baseline 1.000, tolerance 1%)")
 
 
 def test_model_change_breaks_the_plan_exit_3(runner, run, monkeypatch):

@@ -69,7 +69,7 @@ def test_repeated_noisy_checks_pass_under_the_hold_rule(runner, tmp_path, monkey
         assert res.exit_code == exitcodes.OK, res.output
         data = json.loads(res.stdout)
         assert data["spread"] == pytest.approx(0.02) and data["margin"] == pytest.approx(0.02)
-        assert "noise ±0.02" in data["verdict"]
+        assert "noise range 0.02" in data["verdict"]
         below_target += data["metric"] < data["target"]
     assert below_target, "no run drew below the target: the test does not exercise the hold rule"
 
@@ -81,7 +81,7 @@ def test_verdict_line_reports_the_noise(runner, tmp_path, monkeypatch):
     assert result.passed and result.spread == pytest.approx(0.02)
     res = runner.invoke(main, ["check", str(out)])
     assert res.exit_code == exitcodes.OK, res.output
-    assert res.stdout.startswith("check: PASS ") and "noise ±0.02)" in res.stdout
+    assert res.stdout.startswith("check: PASS ") and "noise range 0.02)" in res.stdout
 
 
 # evaluate() returns the values of $SEQ in turn (the last one repeats): baseline samples, then the plan's metric.
@@ -108,7 +108,7 @@ def test_hold_rule(tmp_path, monkeypatch, seq, passed, spread):
     result = check_plan(out)
     assert result.passed is passed and result.spread == pytest.approx(spread)
     assert result.baseline == pytest.approx(1.0) and result.target == pytest.approx(0.99)
-    assert ("noise ±" in result.verdict()) is (spread > 0)
+    assert ("noise range" in result.verdict()) is (spread > 0)
     if passed and result.metric < result.target:
         assert "within noise of target" in result.verdict()
 

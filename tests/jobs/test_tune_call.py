@@ -19,9 +19,9 @@ def test_progress_shows_each_trial_and_false_silences(capsys):
     lines = re.findall(r"^eval +(\d+) +(base|pass|FAIL) ", shown, flags=re.M)
     assert [int(n) for n, _ in lines] == [t.n for t in result.trials]
     assert [v == "FAIL" for _, v in lines] == [not t.passed for t in result.trials]
-    assert "baseline 1; target >= 0.998" in shown
+    assert "baseline 1.000; target >= 0.9980" in shown  # the trial lines' digits, trailing zeros kept
     last = shown.strip().splitlines()[-1]  # the closing line says the outcome, as the CLI's does
-    assert last.startswith(f"target met: baseline 1 -> tuned 1 (target 0.998), trial {result.chosen}; ")
+    assert last.startswith(f"target met: baseline 1.000 -> tuned 1.000 (target 0.9980), trial {result.chosen}; ")
     assert last.endswith(f"; {len(result.plan.fp32_instances)} of {len(result.candidates)} op instances in FP32; "
                          f"{result.evals} evaluations")
     assert repr(result) == (f"TuneResult(status=MET, baseline=1, metric=1, target=0.998, evals={result.evals}, "

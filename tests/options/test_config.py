@@ -230,3 +230,12 @@ def test_check_config_reads_out(runner, tmp_path):
     assert res.exit_code == 0, res.output
     assert res.stdout.startswith("check: PASS")
     assert (tmp_path / "reports" / "mpt.xml").is_file()
+
+
+def test_check_takes_no_tolerance_from_a_config(tmp_path):
+    """A config's `tolerance` is the tune's: `mpt check --config` judges by the plan's (a loose config value
+    made a broken model PASS); only --tolerance on check's command line overrides it."""
+    path = write_config(tmp_path / "c.yaml", "version: 1\ntolerance: 0.5\nout: runs/x\n")
+    assert load_config(path, SCHEMA, command="tune")["tolerance"] == 0.5
+    assert "tolerance" not in load_config(path, SCHEMA, command="check")
+    assert load_config(path, SCHEMA, command="check")["out"].endswith("runs/x")

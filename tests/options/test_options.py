@@ -244,3 +244,23 @@ def test_an_hf_folders_default_metric_follows_what_its_class_outputs(tmp_path, a
     regressions get cosine."""
     (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch]}))
     assert TuneCommandOptions(model=f"hf:{tmp_path}").metric == metric
+
+
+@pytest.mark.parametrize("changed, named", [({"thorough": True}, "thorough"), ({"rank": "exact"}, "rank")])
+def test_resume_refuses_a_changed_thorough_or_rank(tmp_path, changed, named):
+    """A journal's trials came from one way of searching: --resume with another --thorough/--rank would mix two
+    searches (and rewrite outputs missing a journaled trial), so it is refused naming the option."""
+    from tuner.core.errors import ConfigError
+    from tuner.workspace.journal import Journal, RunFingerprint
+
+    def journal(options: TuneOptions, resume: bool) -> Journal:
+        return Journal(tmp_path / "journal.jsonl", RunFingerprint("s", "w", options.settings()), resume=resume)
+
+    journal(TuneOptions(), resume=False).append("baseline#1", {"metric": 1.0, "seconds": 0.1})
+    with pytest.raises(ConfigError, match=f"setting `{named}`: not set then"):
+        journal(TuneOptions(**changed), resume=True)
+    assert journal(TuneOptions(), resume=True).get("baseline#1") is not None  # unchanged: resumes
+    journal(TuneOptions(**changed), resume=False).append("baseline#1", {"metric": 1.0, "seconds": 0.1})
+    with pytest.raises(ConfigError, match=f"setting `{named}`: .* then, not set now"):
+        journal(TuneOptions(), resume=True)
+    assert journal(TuneOptions(**changed), resume=True).get("baseline#1") is not None

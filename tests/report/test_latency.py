@@ -10,7 +10,7 @@ from torch import nn
 
 from tuner.core.inputs import ModelInputs
 from tuner.policy.plan import OpInstance, Plan
-from tuner.report.latency import BOUND, FASTER, NOISY, SAME, SLOWER, compare_latency, judge
+from tuner.report.latency import BOUND, FASTER, NOISY, SAME, SLOWER, Latency, compare_latency, judge
 
 
 def _rounds(fp32_ms: float, tuned_ms: float, noise: float, n: int, seed: int = 0) -> tuple[list[float], list[float]]:
@@ -55,6 +55,14 @@ def test_stalls_on_a_busy_machine_are_too_noisy_to_judge_and_give_no_figure():
     assert lat.spread > BOUND
     text = lat.text()
     assert text.startswith("too noisy to judge (") and " ms" not in text and "x " not in text
+    assert f"within a factor of {1 + lat.spread:.3g}, more than the 1.1 allowed" in text and "%" not in text
+
+
+def test_a_wide_interval_reads_as_a_factor_not_thousands_of_percent():
+    wide = Latency(1.0, 1.0, 1.0, 0.5, 0.5, 35, speedup_low=0.05, speedup_high=6.649)
+    assert wide.verdict == NOISY
+    assert wide.text() == ("too noisy to judge (the speedup is known only within a factor of 133, more than the "
+                           "1.1 allowed, after 35 rounds)")
 
 
 def test_the_verdict_follows_the_stated_bound():

@@ -49,3 +49,24 @@ def test_what_is_no_plan_is_a_config_error(tmp_path):
         tuner.load(build(), tmp_path / "missing")
     with pytest.raises(ConfigError, match="takes an output folder, a plan .yaml file or a Plan, found dict"):
         tuner.load(build(), {"dtype": "bf16"})
+
+
+@pytest.mark.parametrize("recorded, shown", [("../../m.py", "m.py"), ("hf:../bert", "hf:runs/bert")])
+def test_a_plan_for_another_model_names_its_paths_from_the_working_directory(tmp_path, monkeypatch, recorded, shown):
+    """plan.yaml records the model relative to its own folder; the refusal (and the `tuner.load("hf:...")` it
+    suggests) names it as a path that works where the user is, not as the plan folder's relative path."""
+    from tuner.core.fingerprint import structure_digest
+    from tuner.policy.plan import ModelRef
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    out = tmp_path / "runs" / "o"
+    out.mkdir(parents=True)
+    Plan(dtype="bf16", preset="torch-cpu",
+         model=ModelRef(file=recorded, structure=structure_digest(net))).save(out / "plan.yaml")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PlanMismatchError) as info:
+        tuner.load(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)), "runs/o")
+    assert f"made for another model ({shown})" in str(info.value)
+    if shown.startswith("hf:"):
+        assert f'tuner.load("{shown}", OUT)' in str(info.value)

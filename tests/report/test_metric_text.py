@@ -13,7 +13,8 @@ def test_a_tight_tolerance_gets_the_digits_that_show_the_miss():
     baseline, target, tuned = 1.0, 0.99999, 0.9999866  # the issue's run: it printed "1 -> 1 (target 1)"
     d = metric_digits(baseline, target, [tuned])
     assert d == 6
-    assert (fmt_metric(baseline, d), fmt_metric(tuned, d), fmt_metric(target, d)) == ("1", "0.999987", "0.99999")
+    assert (fmt_metric(baseline, d), fmt_metric(tuned, d), fmt_metric(target, d)) == ("1.00000", "0.999987",
+                                                                                        "0.999990")
     assert metric_digits(baseline, target) == 5  # the target alone needs one digit more than 4
 
 
@@ -31,3 +32,9 @@ def test_running_digits_end_where_the_whole_run_does():
     assert seen == sorted(seen)  # never fewer digits than an earlier line
     assert seen[-1] == metric_digits(1.0, 0.9999901, values) == 7
     assert fmt_metric(0.99999005, 7) != fmt_metric(0.9999901, 7)
+
+
+def test_every_metric_of_a_run_shows_its_digits_trailing_zeros_kept():
+    """`metric 1` and `FAIL 0.1` beside `0.9922` read as if less were known of them: each keeps the run's digits."""
+    d = metric_digits(0.9922, 0.9823, [1.0, 0.1])
+    assert [fmt_metric(v, d) for v in (0.9922, 1.0, 0.1, 1234.0)] == ["0.9922", "1.000", "0.1000", "1234"]

@@ -19,16 +19,20 @@ from tuner.report import pretrained
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """The README's tiny BERT folder (with a tokenizer file) tuned with --save-pretrained: (DIR, OUT, SAVED)."""
+def _tiny_hf_model():
     import importlib.util
 
-    root = tmp_path_factory.mktemp("save")
     spec = importlib.util.spec_from_file_location("tiny_hf_model", EXAMPLES / "tiny_hf_model.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.main(str(root / "bert"))
+    return module
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """The README's tiny BERT folder (with a tokenizer file) tuned with --save-pretrained: (DIR, OUT, SAVED)."""
+    root = tmp_path_factory.mktemp("save")
+    _tiny_hf_model().main(str(root / "bert"))
     (root / "bert" / "vocab.txt").write_text("[PAD]\n[UNK]\n")
     res = mpt(CliRunner(), "tune", f"hf:{root / 'bert'}", "--data", root / "bert" / "calibration.safetensors",
               "--out", root / "out", "--save-pretrained", root / "saved", "--no-latency", "--tolerance", "0.5")
@@ -113,3 +117,15 @@ def test_a_failed_write_leaves_nothing_and_a_replaced_folder_as_it_was(run, tmp_
 def _disk_full(source, target):
     target.write_bytes(b"partial")
     raise OSError(28, "No space left on device")
+
+
+def test_the_readme_tiny_model_script_prints_no_progress_bar_after_its_last_line(tmp_path, capfd):
+    """transformers' "Writing model shards" bar (stderr) came after the script's `wrote DIR/` line."""
+    from transformers.utils import logging as hf_logging
+
+    try:
+        _tiny_hf_model().main(str(tmp_path / "bert"))
+        out, err = capfd.readouterr()
+    finally:
+        hf_logging.enable_progress_bar()  # as other tests expect it
+    assert out.startswith("wrote ") and "Writing model shards" not in err and "it/s" not in err

@@ -111,7 +111,7 @@ def test_two_ranks_give_the_one_process_plan_and_write_it_once(two_rank_run, run
     assert plan_instances(out) == plan_instances(single) == planted
 
     # Rank 0 alone prints and writes: one report, one journal line per evaluation, no second folder.
-    assert res.stdout.count("target met") == 1 and res.stdout.count("baseline 1;") == 1, res.stdout
+    assert res.stdout.count("target met") == 1 and res.stdout.count("baseline 1.000;") == 1, res.stdout
     assert "mpt: error" not in res.stderr
     keys = journal_keys(out)
     assert len(keys) == len(set(keys)) == json.loads((out / "report.json").read_text())["evaluations"]

@@ -128,3 +128,36 @@ def test_a_settled_baseline_leaves_its_evaluation_to_the_search():
     assert all(t.signature for t in result.trials[:2])  # compared: the baseline and the all-low trial
     assert result.trials[2:] and not any(t.signature for t in result.trials[2:])  # the rest: not hashed
     assert {i.label() for i in result.plan.fp32_instances} == task.build().fragile_labels()
+
+
+def test_noise_as_large_as_the_tolerance_stops_the_search_after_the_baseline():
+    """"no plan can be confirmed" is the end of the search: no evaluation follows the baseline's."""
+    task = PlantedTask(16, 1)
+    rng = random.Random(0)
+
+    def noisy(model):
+        return task.evaluate(model) + rng.uniform(-0.05, 0.05)
+
+    result = tune(task.build, noisy, task.example_inputs, TuneOptions(tolerance=0.01))
+    assert any("no plan can be confirmed" in w for w in result.warnings)
+    assert result.status != "ok" and result.trials[-1].baseline  # nothing evaluated after the last baseline run
+    assert [t.baseline for t in result.trials] == [True, False, True, True, True, True]
+
+
+def test_two_equal_runs_that_drew_differently_are_not_taken_as_deterministic():
+    """A metric seeded from os.urandom in each call: the first two FP32 runs happen to agree, the third does not.
+    Two equal values from runs whose signatures differ (they drew from other seeds) are luck, not proof: the
+    baseline runs once more before evaluate is called deterministic."""
+    task = PlantedTask(8, 0)
+    seeds = iter([0, 1, 3, 1, 2, 0, 1, 2, 0, 1])  # baseline 1, all-low trial, baseline 2 (equal to 1), 3, ...
+
+    def urandom(n):  # os.urandom as the evaluate sees it, in this order (torch itself draws from the real one)
+        return next(seeds).to_bytes(n, "little")
+
+    def seeded(model):
+        seed = int.from_bytes(urandom(4), "little")
+        torch.manual_seed(seed)  # the generator ends elsewhere for another seed: the runs' signatures differ
+        return task.evaluate(model) + 1e-3 * (seed % 3) + 0 * float(torch.rand(()))
+
+    result = tune(task.build, seeded, task.example_inputs, TuneOptions(tolerance=0.01))
+    assert result.noise > 0 and sum(t.baseline for t in result.trials) == 5

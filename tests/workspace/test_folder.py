@@ -27,3 +27,16 @@ def test_a_failure_removes_what_mpt_wrote_for_it_until_a_trial_is_recorded(tmp_p
     _fail_in(tmp_path / "o", trial=True)
     _fail_in(tmp_path / "o", trial=False, resume=True)  # the resumed run fails too: its trial is still there
     assert Journal(tmp_path / "o" / JOURNAL_NAME, FINGERPRINT, resume=True).get("baseline#1") is not None
+
+
+@pytest.mark.parametrize("resume, overwrite", [(False, False), (True, False), (False, True)])
+def test_a_refused_claim_leaves_no_lock_in_the_users_folder(tmp_path, resume, overwrite):
+    from tuner.core.errors import ConfigError
+    from tuner.core.output_files import CHECKPOINT_NAME
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / CHECKPOINT_NAME).write_bytes(b"the user's weights")
+    with pytest.raises(ConfigError, match="mpt did not write"):
+        OutputFolder.claim(theirs, resume=resume, overwrite=overwrite, outputs=OUTPUT_FILES)
+    assert sorted(p.name for p in theirs.iterdir()) == [CHECKPOINT_NAME]  # no .mpt.lock left behind

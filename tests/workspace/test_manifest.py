@@ -21,6 +21,7 @@ from tuner.core.output_files import (
     MANIFEST_NAME,
     OUTPUT_FILES,
     PLAN_NAME,
+    REPORT_MD_NAME,
     STAGING_NAME,
 )
 
@@ -38,10 +39,12 @@ def snapshot(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name != ".mpt.lock"}
 
 
-def assert_refused(res, path: Path) -> None:
+def assert_refused(res, path: Path, *why: str) -> None:
+    """Refused with exit 2 naming `path` and one of `why` (default: "mpt did not write")."""
     assert res.exit_code == exitcodes.USAGE, res.output
     first = res.stderr.splitlines()[0]
-    assert first.startswith("mpt: error: ") and str(path) in first and "mpt did not write" in first, first
+    assert first.startswith("mpt: error: ") and str(path) in first, first
+    assert any(w in first for w in why or ("mpt did not write",)), first
     assert "--resume" not in res.stderr  # never the advice that would overwrite it
     assert "Traceback" not in res.stderr
 
@@ -66,7 +69,7 @@ def test_a_user_file_replacing_one_of_mpts_outputs_survives(runner, tmp_path, na
     (out / name).write_bytes(b"mine, not mpt's\n")  # the user put their own file under that name
     before = snapshot(out)
     res = tune(runner, out, *flags)
-    assert_refused(res, out / name)
+    assert_refused(res, out / name, "mpt did not write", "changed since")  # one it wrote: replaced or edited
     assert snapshot(out) == before  # nothing replaced or deleted, the manifest included
 
 
@@ -101,14 +104,19 @@ def test_mpts_own_outputs_are_listed_with_their_digests_and_replaced_by_either_f
     assert plain.exit_code == exitcodes.USAGE and "already holds a run" in plain.stderr  # mpt's own run
 
 
-def test_a_plan_edited_by_the_user_is_not_replaced(runner, tmp_path):
+@pytest.mark.parametrize("name", [PLAN_NAME, REPORT_MD_NAME])
+def test_an_output_edited_by_the_user_is_not_replaced_and_is_called_edited(runner, tmp_path, name):
+    """An edited report.md is mpt's file changed since, not "a file mpt did not write" (docs/cli.md: never
+    replaced or deleted, the run stops naming it)."""
     out = tmp_path / "out"
     assert tune(runner, out).exit_code == exitcodes.OK
-    edited = (out / PLAN_NAME).read_text() + "# my notes\n"
-    (out / PLAN_NAME).write_text(edited)
+    edited = (out / name).read_text() + "# my notes\n"
+    (out / name).write_text(edited)
     for flags in FLAGS:
-        assert_refused(tune(runner, out, *flags), out / PLAN_NAME)
-    assert (out / PLAN_NAME).read_text() == edited
+        res = tune(runner, out, *flags)
+        assert_refused(res, out / name, "which mpt wrote but which changed since")
+        assert "mpt did not write" not in res.stderr
+    assert (out / name).read_text() == edited
 
 
 KILL_DURING_COMMIT = """

@@ -41,6 +41,7 @@ MAX_TOKENS = 128
 # One value per token, so one shape [samples, tokens] for all of them: a mask of another length than its ids is
 # a file written from two tokenizer calls, which a model may broadcast without a word.
 TOKEN_SHAPED = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
+TOKEN_IDS = ("input_ids", "decoder_input_ids")  # indices into the model's vocabulary (check_token_ids)
 _SHOWN = 5  # bad .jsonl line numbers (and forward arguments) shown in one message
 
 
@@ -79,6 +80,34 @@ class Calibration:
             raise ConfigError(f"data: {self.describe} holds {_plural(len(unknown), 'tensor')} "
                               f"{', '.join(unknown)}, which {owner} does not take (it takes {shown or 'none'}): "
                               "name each tensor after the forward's argument it is for", fields=("data",))
+
+
+    def check_token_ids(self, vocab_size: int | None, *, first: str | None = None) -> None:
+        """ConfigError (exit 2) naming the data and the fix when a batch's token ids are not integers or fall
+        outside the model's vocabulary (`vocab_size`, its config's; None: not known), read once before anything
+        is built: the forward would fail in the model's own code (an embedding's index error), far from the
+        file at fault. `first`: the forward's first argument, which a batch of one tensor passes."""
+        for batch in self.batches():
+            named = dict(batch.kwargs)
+            if first is not None and batch.args:
+                named.setdefault(first, batch.args[0])
+            for name in TOKEN_IDS:
+                ids = named.get(name)
+                if isinstance(ids, torch.Tensor):
+                    self._check_ids(name, ids, vocab_size)
+
+    def _check_ids(self, name: str, ids: torch.Tensor, vocab_size: int | None) -> None:
+        if ids.is_floating_point() or ids.is_complex() or ids.dtype is torch.bool:
+            raise ConfigError(f"data: {self.describe}: `{name}` holds {str(ids.dtype).replace('torch.', '')} values; "
+                              f"token ids are integers: write it as torch.long ({name}.long())", fields=("data",))
+        if vocab_size is None or ids.numel() == 0:
+            return
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= vocab_size:
+            bad = low if low < 0 else high
+            raise ConfigError(f"data: {self.describe}: `{name}` holds token id {bad}, outside the model's vocabulary "
+                              f"(0 to {vocab_size - 1}, vocab_size in its config.json): tokenize the data with "
+                              "the model's own tokenizer", fields=("data",))
 
 
 def _not_taken(names: Sequence[str], forward: Callable[..., Any], *, strict: bool) -> tuple[list[str], list[str]]:

@@ -8,8 +8,10 @@ user's file and line rather than a traceback through torch and mpt.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import importlib.util
+import inspect
 import itertools
 import numbers
 import os
@@ -543,6 +545,10 @@ def user_site(fn: Any) -> str | None:
 
 
 def _definition_site(fn: Any) -> str | None:
+    """Where `fn` is defined; a decorated function (`@torch.no_grad()`, functools.wraps) is followed to the
+    function it wraps, which is the user's, not to the decorator's wrapper in torch's or functools' files."""
+    with contextlib.suppress(ValueError):  # a cycle of __wrapped__: the outer one
+        fn = inspect.unwrap(fn)
     code = getattr(fn, "__code__", None)
     if code is None or code.co_filename.startswith("<"):
         return None

@@ -50,13 +50,14 @@ def as_plan(policy: PolicyLike) -> PolicyLike:
     return policy
 
 
-def check_plan_fits(policy: PolicyLike, model: nn.Module | None) -> None:
-    """PlanMismatchError when `policy` is a plan recorded for another architecture than `model`.
+def check_plan_fits(policy: PolicyLike, model: nn.Module | None, *, folder: str | Path | None = None) -> None:
+    """PlanMismatchError when `policy` is a plan recorded for another architecture than `model` (`folder`: the
+    plan's, which its recorded paths are relative to).
 
     Plans without `model:` (older or hand-written ones) are accepted as they are.
     """
     if model is not None and isinstance(policy, Plan) and policy.model is not None:
-        policy.model.check_structure(model)
+        policy.model.check_structure(model, folder=folder)
 
 
 def resolve(policy: PolicyLike, dtype: str | torch.dtype | None = None,

@@ -73,6 +73,7 @@ class CheckResult:
     tuned_metric: float | None = None
     seconds: float = 0.0
     warnings: tuple[str, ...] = ()
+    plan_tolerance: float | None = None  # the plan's, when the caller gave another (`tolerance` is what was used)
 
     @property
     def status(self) -> str:
@@ -91,9 +92,14 @@ class CheckResult:
             op = "within noise of"
         else:
             op = ">" if self.lower_is_better else "<"
-        tol = f"{self.tolerance:g} absolute" if self.absolute else f"{self.tolerance * 100:.4g}%"
-        noise = f", noise ±{self.margin:.{digits}g}" if self.margin > 0 else ""
+        tol = self._tolerance_text(self.tolerance)
+        if self.plan_tolerance is not None and self.plan_tolerance != self.tolerance:  # say which one judged
+            tol += f" given, the plan's {self._tolerance_text(self.plan_tolerance)}"
+        noise = f", noise range {self.margin:.{digits}g}" if self.margin > 0 else ""  # max - min: not a ±
         return f"check: {self.status.upper()} {m} {op} target {t} (baseline {b}, tolerance {tol}{noise})"
+
+    def _tolerance_text(self, tolerance: float) -> str:
+        return f"{tolerance:g} absolute" if self.absolute else f"{tolerance * 100:.4g}%"
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -199,7 +205,7 @@ def _fp32_baseline(user: UserModel, keeper: ModelKeeper, plan: Plan, folder: Pat
     model (trains it, folds its layers) gets it rebuilt before the next one, so its change cannot pass
     for noise (and widen the margin the verdict allows)."""
     if plan.model is not None:
-        plan.model.check_structure(keeper.model, what=f"the plan in {folder}")
+        plan.model.check_structure(keeper.model, what=f"the plan in {folder}", folder=folder)
     _check_modules(keeper.model, plan)
 
     def evaluate_fp32() -> float:
@@ -252,7 +258,8 @@ def check_plan(options: CheckOptions | str | Path) -> CheckResult:
     A path stands for `CheckOptions(out=path)`. The model file
     (MODEL.py[:build_fn]) and the build/eval/inputs specs default to those
     the plan records (`Plan.model`); a plan that records none needs
-    `model`. `tolerance` defaults to the plan's own.
+    `model`. `tolerance` defaults to the plan's own (a config file's is the tune's: `mpt check --config`
+    ignores it, tuner.options.commands.COMMAND_LINE_ONLY); the verdict says when another one judged.
 
     Raises ConfigError (bad folder, plan or options), PlanMismatchError (the
     plan or checkpoint was made for another model), DeviceError or UserCodeError.
@@ -284,7 +291,7 @@ def check_plan(options: CheckOptions | str | Path) -> CheckResult:
         lower_is_better=search.lower_is_better, plan=str(plan_file), model=str(user.path), dtype=loaded.dtype,
         preset=loaded.preset, weights="checkpoint" if options.checkpoint else "fresh", spread=baseline.spread,
         margin=margin, tuned_baseline=_number(metrics.get("baseline")), tuned_metric=_number(metrics.get("tuned")),
-        seconds=time.monotonic() - t0, warnings=tuple(warnings))
+        seconds=time.monotonic() - t0, warnings=tuple(warnings), plan_tolerance=_number(metrics.get("tolerance")))
 
 
 def junit_xml(name: str, *, seconds: float, failure: str | None = None, error: str | None = None,

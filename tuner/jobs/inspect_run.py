@@ -8,6 +8,7 @@ and keeps the records to show (`top`). The CLI only renders the result.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tuner.core.errors import ConfigError
@@ -83,6 +84,9 @@ def inspect(options: InspectOptions) -> InspectRun:  # public as tuner.inspect; 
     lists, no example_inputs), PlanMismatchError or UserCodeError.
     """
     assert options.model is not None  # InspectOptions refuses a missing model
+    if options.plan and not Path(options.plan).exists():  # before the model is built; else it reads as a preset
+        raise ConfigError(f"plan: {options.plan} not found; give a plan.yaml or the folder `mpt tune --out` wrote",
+                          fields=("plan",))
     if options.data is not None or is_hf_spec(options.model):  # the first batch of --data is the example
         user = load_model(options.model, specs={"build": options.build, "inputs": options.inputs},
                           fidelity={"data": options.data, "tokenizer": options.tokenizer,

@@ -10,6 +10,8 @@ The calibration batches come from, in order: `--data`, the file's `calibration_b
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -94,7 +96,30 @@ def _with_data(user: UserModel, batches: Calibration, metric: str | None) -> Use
         forward = hf_forward(user.path)
         if forward is not None:
             batches.check_forward(forward[0], owner=forward[1], strict=True)
+        batches.check_token_ids(_vocab_size(user.path), first=_first_argument(forward[0]) if forward else None)
     return dataclasses.replace(user, data=batches)
+
+
+def _vocab_size(folder: Path) -> int | None:
+    """The vocabulary size an hf: folder's config.json states (top level, or its text model's); None if none."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    for part in (config, config.get("text_config"), config.get("decoder")):
+        size = part.get("vocab_size") if isinstance(part, dict) else None
+        if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+            return size
+    return None
+
+
+def _first_argument(forward: Any) -> str | None:
+    """The name of `forward`'s first argument after self (what a batch of one tensor passes)."""
+    try:
+        params = [p for p in inspect.signature(forward).parameters.values() if p.name != "self"]
+    except (TypeError, ValueError):
+        return None
+    return params[0].name if params else None
 
 
 def _first(batches: Calibration) -> Any:

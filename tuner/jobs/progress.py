@@ -47,9 +47,9 @@ class ProgressDisplay:
         elif kind is EventKind.RANK:
             self._show(f"ranking op instances {data.done}/{data.total} ({data.method.value})")
         elif kind is EventKind.BASELINE:
-            self.digits.set_reference(data.value, data.target)
-            self.console.print(f"baseline {fmt_metric(data.value, 6)}; target "
-                               f"{'<=' if data.lower_is_better else '>='} {fmt_metric(data.target, 6)}", markup=False)
+            d = self.digits.set_reference(data.value, data.target)  # the digits the trial lines use
+            self.console.print(f"baseline {fmt_metric(data.value, d)}; target "
+                               f"{'<=' if data.lower_is_better else '>='} {fmt_metric(data.target, d)}", markup=False)
         elif kind is EventKind.CANDIDATES:
             self.console.print(f"{data.count} op instances to decide ({data.dtype}, {data.preset})", markup=False)
             self._show("evaluating ...")

@@ -87,6 +87,8 @@ def tune_into_folder(user: UserModel, options: TuneOptions, out: str | Path, *, 
         else contextlib.nullcontext(None)
     with claim as folder:
         path = Path(out) if folder is None else folder.path
+        if on_event is not None and ranks.is_main:  # after every refusal that needs no model, never before one
+            on_event(TuneEvent(EventKind.BUILDING))
         t0 = time.monotonic()
         keeper = ModelKeeper(user.build, options.device, start=start_state,
                              before_build=replaying(user.build) if options.for_training else None)

@@ -30,7 +30,8 @@ from tuner.options.shared import (
 )
 from tuner.options.tune import TuneOptions
 
-__all__ = ["TuneCommandOptions", "InspectOptions", "CheckOptions", "PresetsOptions", "COMMANDS", "CONFIGURED"]
+__all__ = ["TuneCommandOptions", "InspectOptions", "CheckOptions", "PresetsOptions", "COMMANDS", "CONFIGURED",
+           "COMMAND_LINE_ONLY"]
 
 MODEL_HELP = ("The model file: build_model(), evaluate(model), example_inputs(); MODEL.py:NAME picks another builder; "
               "hf:DIR a Hugging Face model folder (save_pretrained) with --data.")
@@ -162,5 +163,9 @@ class PresetsOptions(Options):
 COMMANDS: dict[str, type[Options]] = {"tune": TuneCommandOptions, "inspect": InspectOptions, "check": CheckOptions,
                                       "presets": PresetsOptions}
 CONFIGURED = ("tune", "inspect", "check")  # the commands that take --config
+# Keys a command takes from its command line only, not from a config file: a config's `tolerance` is what
+# `mpt tune` searches for; `mpt check --config` judges by the tolerance the plan records (the target it was
+# tuned and committed for), so a loose config value cannot make a broken plan pass. `--tolerance` overrides it.
+COMMAND_LINE_ONLY: dict[str, frozenset[str]] = {"check": frozenset({"tolerance"})}
 
 

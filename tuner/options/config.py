@@ -25,7 +25,7 @@ from typing import Any
 
 from tuner.core.errors import ConfigError
 from tuner.core.yamlio import load_yaml_file
-from tuner.options.commands import COMMANDS, CONFIGURED
+from tuner.options.commands import COMMAND_LINE_ONLY, COMMANDS, CONFIGURED
 from tuner.options.fields import Kind, found, spec_of, value_problem
 from tuner.options.shared import resume_rule, tolerance_rule
 
@@ -169,14 +169,16 @@ def validate_config(data: Any, schema: Schema = SCHEMA, *, base: str | Path = ".
         raise ConfigError([p for _, p in problems], source=source, fields=[f for f, _ in problems])
     values = _resolve_paths(values, schema, Path(base))
     if command is not None:
-        values = {k: v for k, v in values.items() if command in schema[k].commands}
+        skip = COMMAND_LINE_ONLY.get(command, frozenset())
+        values = {k: v for k, v in values.items() if command in schema[k].commands and k not in skip}
     return values
 
 
 def load_config(path: str | Path, schema: Schema = SCHEMA, *, command: str | None = None) -> dict[str, Any]:
     """Read a YAML config (yaml.safe_load only) and validate it; paths become relative to its folder.
 
-    Returns {key: value} with the keys `command` uses (every key when None).
+    Returns {key: value} with the keys `command` uses (every key when None), less those it takes from its
+    command line only (`COMMAND_LINE_ONLY`: `mpt check` ignores a config's `tolerance`).
     """
     path = Path(path)
     if path.is_dir():

@@ -124,6 +124,12 @@ class TuneOptions(Options):
                     "lower_is_better": self.lower_is_better, "device": self.device}
         if self.for_training:  # absent otherwise: journals from before training mode still resume
             settings["for_training"] = True
+        # how the search goes decides which trials run and which plan is chosen: a resumed run cannot mix two
+        # (recorded when not the default, so journals from before they were recorded still resume)
+        if self.thorough:
+            settings["thorough"] = True
+        if RankMethod(self.rank) is not RankMethod.GRADIENT:
+            settings["rank"] = RankMethod(self.rank).value
         if self.metric is not None:  # absent otherwise: journals from before built-in metrics still resume
             settings.update(metric=self.metric, output=self.output, data=self.data, tokenizer=self.tokenizer,
                             batch_size=self.batch_size)

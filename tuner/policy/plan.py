@@ -7,6 +7,7 @@ overrides (module path + op name + call index -> dtype).
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,14 +150,25 @@ class ModelRef:
             raise ConfigError(problems, source="plan")
         return cls(**{k: data[k] for k in cls.FIELDS if k in data})
 
-    def check_structure(self, model: Any, *, what: str = "the plan") -> None:
-        """PlanMismatchError when `model` is not the architecture this was made for."""
+    def file_from(self, folder: str | Path | None) -> str | None:
+        """The recorded model file (or `hf:` folder) as a path from the working directory: plan.yaml records it
+        relative to its own `folder`, which a message must not suggest as it is. As recorded without `folder`."""
+        if self.file is None or folder is None:
+            return self.file
+        prefix = "hf:" if self.file.startswith("hf:") else ""
+        path = Path(self.file[len(prefix):]).expanduser()
+        return prefix + (str(path) if path.is_absolute() else os.path.relpath(os.path.normpath(Path(folder) / path)))
+
+    def check_structure(self, model: Any, *, what: str = "the plan", folder: str | Path | None = None) -> None:
+        """PlanMismatchError when `model` is not the architecture this was made for (`folder`: the plan's, so
+        the paths it names are paths from the working directory)."""
         if not self.structure:
             return
         if structure_digest(model) != self.structure:
-            hint = (f'; tuner.load("{self.file}", OUT) builds the model as the tune did'
-                    if self.file is not None and self.file.startswith("hf:") else "")
-            raise PlanMismatchError(f"{what} was made for another model ({self.file or 'no model file'}): its "
+            file = self.file_from(folder)
+            hint = (f'; tuner.load("{file}", OUT) builds the model as the tune did'
+                    if file is not None and file.startswith("hf:") else "")
+            raise PlanMismatchError(f"{what} was made for another model ({file or 'no model file'}): its "
                                     f"module tree or parameter shapes differ from this model's{hint}")
 
 

@@ -302,13 +302,14 @@ def load(model: nn.Module | str, plan: str | Path | Plan | None = None, *,
     `from_pretrained(SAVED)`, where SAVED is a folder `mpt tune --save-pretrained` wrote (its plan.yaml and
     model.safetensors are the run's: `tuner.report.pretrained`).
     """
-    loaded, ckpt = _plan_and_checkpoint(_own_folder(model) if plan is None else plan)
+    source = _own_folder(model) if plan is None else plan
+    loaded, ckpt = _plan_and_checkpoint(source)
     model = _model(model)
     rename = _rename(model, ckpt)
     if rename is not None:
         loaded = rename.plan(loaded)
     else:
-        check_plan_fits(loaded, model)
+        check_plan_fits(loaded, model, folder=_plan_folder(source))
     if ckpt is not None:
         _load_checkpoint(model, loaded, ckpt, rename)
     return attach(model, loaded, engine=engine)
@@ -354,6 +355,14 @@ def _rename(model: nn.Module, ckpt: Path | None) -> Rename | None:
         return None
     shapes = checkpoint_shapes(ckpt)
     return None if shapes is None else find_rename(model, shapes)
+
+
+def _plan_folder(source: str | Path | Plan) -> Path | None:
+    """The folder of the plan `load` was given (its recorded paths are relative to it); None for a Plan."""
+    if isinstance(source, Plan):
+        return None
+    path = Path(source)
+    return path if path.is_dir() else path.parent
 
 
 def _plan_and_checkpoint(source: str | Path | Plan) -> tuple[Plan, Path | None]:

@@ -92,8 +92,11 @@ class Latency:
         `... (no measurable difference)`, or `too noisy to judge (...)` with no figure."""
         verdict = self.verdict
         if verdict == NOISY:
-            spread = "no interval" if self.spread is None else f"speedup spread {self.spread:.0%}"
-            return f"too noisy to judge ({spread} > {self.bound:.0%} after {self.rounds} rounds)"
+            if self.spread is None:
+                return f"too noisy to judge (no interval for the speedup after {self.rounds} rounds)"
+            # a factor, not a percentage: a stalling side's interval spans 133x, which `13198%` hid
+            return (f"too noisy to judge (the speedup is known only within a factor of {1 + self.spread:.3g}, "
+                    f"more than the {1 + self.bound:.3g} allowed, after {self.rounds} rounds)")
         times = f"{self.tuned:.2f} ms vs {self.fp32:.2f} ms FP32"
         if verdict == SAME or not self.speedup:
             return f"{times} ({SAME})"

@@ -4,7 +4,8 @@ A run's metrics are written with one number of significant digits: the fewest,
 4 or more, at which every metric it states reads differently from the target and
 from the baseline unless it equals them (`metric_digits`). A tune at a tight
 tolerance (baseline 1, target 0.99999, a trial at 0.9999866) so reads
-`1 -> 0.999987 (target 0.99999)`, never `1 -> 1 (target 1)`.
+`1.00000 -> 0.999987 (target 0.999990)`, never `1 -> 1 (target 1)`; trailing zeros are kept, so a metric
+of 1 or 0.1 is not written with fewer digits than those beside it.
 """
 from __future__ import annotations
 
@@ -16,8 +17,13 @@ MAX_DIGITS = 17  # .17g tells any two distinct doubles apart
 
 
 def fmt_metric(value: float | None, digits: int = MIN_DIGITS) -> str:
-    """A metric as every output writes it: `digits` significant digits (`0.9852` at 4), `-` for none."""
-    return "-" if value is None else f"{value:.{digits}g}"
+    """A metric as every output writes it: `digits` significant digits (`0.9852` at 4), trailing zeros kept, so
+    every metric of a run shows as many digits as the others (`1.000`, `0.1000` beside `0.9922`, never `1` or
+    `0.1`); `-` for none."""
+    if value is None:
+        return "-"
+    text = f"{value:#.{digits}g}"
+    return text[:-1] if text.endswith(".") else text  # `1234.` at 4 digits: no bare point
 
 
 def _apart(a: float, b: float, digits: int) -> bool:

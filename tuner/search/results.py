@@ -39,6 +39,7 @@ class StopReason(str, enum.Enum):
 
 
 class EventKind(str, enum.Enum):
+    BUILDING = "building"  # the output folder is claimed (nothing refused the run): the model is built next
     BASELINE = "baseline"
     CANDIDATES = "candidates"
     RANK = "rank"
@@ -135,11 +136,11 @@ class RunWarning:
 
 EventPayload = BaselineMeasured | CandidatesFound | RankProgress | Evaluating | Trial | RunWarning | None
 
-# what each kind of event carries (DONE: nothing)
+# what each kind of event carries (BUILDING, DONE: nothing)
 _PAYLOADS: dict[EventKind, type] = {EventKind.BASELINE: BaselineMeasured, EventKind.CANDIDATES: CandidatesFound,
                                     EventKind.RANK: RankProgress, EventKind.EVALUATING: Evaluating,
                                     EventKind.TRIAL: Trial, EventKind.WARNING: RunWarning,
-                                    EventKind.DONE: type(None)}
+                                    EventKind.BUILDING: type(None), EventKind.DONE: type(None)}
 
 
 @dataclass(frozen=True)

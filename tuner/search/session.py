@@ -126,7 +126,7 @@ class TuneSession:
             if first.passed:
                 chosen = frozenset()
                 self.notes.append("everything eligible passes in the lower precision")
-            elif found.instances:
+            elif found.instances and not self._unconfirmable(base):  # else no evaluation could confirm a plan
                 limits = self.aid_limits(found, low)
                 with phase(Phase.RANKING):
                     scores = self.rank(found, limits.probes)
@@ -196,19 +196,43 @@ class TuneSession:
         return base, accept, trials.rejudge(base, accept, frozenset(), first)
 
     def complete_baseline(self, base: Baseline) -> tuple[Baseline, Acceptance]:
-        """`base` evaluated again until complete (two equal runs, or NOISY_SAMPLES), and its acceptance."""
-        base = measure_baseline(self._fp32_metric, base.samples)
+        """`base` evaluated again until complete (two equal runs, or NOISY_SAMPLES), and its acceptance.
+
+        Two equal runs that fed other data or drew other numbers (their signatures differ: a metric seeded
+        from os.urandom, a random subset) agree by luck as easily as by determinism, so those take one run
+        more. The baseline's runs are signed for it (a hash of the data each feeds: only here, not in the
+        search's trials)."""
+        self.evaluator.signing = True  # the first two runs' signatures are compared below
+        try:
+            base = measure_baseline(self._fp32_metric, base.samples)
+            if not base.noisy and not self._fp32_runs_repeat():
+                base = measure_baseline(self._fp32_metric, base.samples + (self._fp32_metric(),))
+        finally:
+            self.evaluator.signing = False
         return base, self._accept(base)
+
+    def _fp32_runs_repeat(self) -> bool:
+        """Whether the first two FP32 baseline runs fed the same data and drew alike (tuner.search.repeatable),
+        on every rank."""
+        fp32 = [t for t in self.evaluator.trials if t.baseline][:2]
+        same = len(fp32) == 2 and repeatable(fp32[0].signature, fp32[1].signature)
+        return all(self.ranks.gather(same))
+
+    def _unconfirmable(self, base: Baseline) -> bool:
+        """The metric's noise is as large as the tolerance allows: no trial can clear the target by more than
+        the noise, so the search ends with the baseline (the all-FP32 plan), warned by `_note_noise`."""
+        return base.noisy and base.spread >= self.options.slack(base.value)
 
     def _note_noise(self, base: Baseline) -> None:
         if not base.noisy:
             return
         self.notes.append(f"evaluate is not deterministic: {len(base.samples)} FP32 runs spread over "
                           f"{base.spread:.3g}; a plan must clear the target by more than that")
-        if base.spread >= self.options.slack(base.value):
+        if self._unconfirmable(base):
             self.warnings.append(f"the metric's noise ({base.spread:.3g}) is as large as the tolerance allows "
-                                 f"({self.options.slack(base.value):.3g}): no plan can be confirmed; make "
-                                 "evaluate deterministic (fixed seeds, no dropout) or raise the tolerance")
+                                 f"({self.options.slack(base.value):.3g}): no plan can be confirmed, so the "
+                                 "search stops here; make evaluate deterministic (fixed seeds, no dropout) or "
+                                 "raise the tolerance")
 
     def example_inputs(self, recorded: ModelInputs | None) -> ModelInputs:
         """The inputs of the recorded forwards, on the tune's device: example_inputs() when the user gave it,

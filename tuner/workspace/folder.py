@@ -75,13 +75,24 @@ class OutputFolder:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"cannot create `out` {path}: {exc.strerror}") from None
+        locked = (path / LOCK_NAME).exists()  # a lock file an earlier run left: mpt's, it stays
         folder = cls(path, cls._lock(path), made=made)
         try:
             folder._check(resume=resume, overwrite=overwrite, outputs=tuple(outputs))
         except BaseException:
-            folder.release()
+            folder._refused(keep_lock=locked)
             raise
         return folder
+
+    def _refused(self, *, keep_lock: bool) -> None:
+        """A refused claim leaves the folder as it found it: the lock file it made goes (a user's folder keeps
+        no .mpt.lock), and so does the folder when the claim made it."""
+        with contextlib.suppress(OSError):
+            if not keep_lock:
+                (self.path / LOCK_NAME).unlink(missing_ok=True)  # the lock itself stays held until release()
+            if self._made and not any(self.path.iterdir()):
+                self.path.rmdir()
+        self.release()
 
     @staticmethod
     def _lock(path: Path) -> int:

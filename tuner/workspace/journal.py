@@ -77,12 +77,17 @@ class RunFingerprint:
         settings = old.get("settings") or {}
         for key in sorted(set(settings) | set(self.settings)):
             if settings.get(key) != self.settings.get(key):
-                found.append(f"setting {key}: {settings.get(key)!r} then, {self.settings.get(key)!r} now")
+                found.append(f"setting `{key}`: {_setting(settings, key)} then, {_setting(self.settings, key)} now")
         vers = old.get("versions") or {}
         for key in sorted(set(vers) | set(self.versions)):
             if vers.get(key) != self.versions.get(key):
                 found.append(f"{key} version: {vers.get(key)} then, {self.versions.get(key)} now")
         return found
+
+
+def _setting(settings: Mapping[str, Any], key: str) -> str:
+    """A recorded setting as the refusal shows it; an absent one was not set (its default)."""
+    return repr(settings[key]) if key in settings else "not set"
 
 
 def _number_or_none(value: Any) -> bool:

@@ -81,13 +81,22 @@ class Manifest:
         return entry.get("sha256") is None or bool(tree_sha256(path) == entry["sha256"])
 
     def check_ours(self, names: Iterable[str]) -> None:
-        """ConfigError (exit 2) naming every file among `names` that mpt did not write; mpt never touches those."""
+        """ConfigError (exit 2) naming every file among `names` that mpt did not write, or wrote and that
+        changed since (told apart: an edited report.md is not "a file mpt did not write"); mpt never touches
+        those."""
         foreign = [n for n in names if not self.owns(n)]
-        if foreign:
-            listed = ", ".join(str(self.folder / n) for n in foreign)
+        edited = [n for n in foreign if n in self.files]  # mpt wrote it, someone changed it since
+        theirs = [n for n in foreign if n not in self.files]
+        if theirs:
+            listed = ", ".join(str(self.folder / n) for n in theirs)
             raise ConfigError(f"`out` {self.folder} holds {listed}, which mpt did not write; mpt never replaces "
                               "or deletes it, whatever the options: move it out of the folder or choose another "
                               "`out`")
+        if edited:
+            listed = ", ".join(str(self.folder / n) for n in edited)
+            raise ConfigError(f"`out` {self.folder} holds {listed}, which mpt wrote but which changed since; mpt "
+                              "never replaces or deletes an edited file, whatever the options: keep your version "
+                              "elsewhere and delete it (or move it out of the folder), or choose another `out`")
 
     # --- recording -----------------------------------------------------------------------------------------
     def writing(self, *names: str) -> None:

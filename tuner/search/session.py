@@ -1,6 +1,6 @@
 """One tune, as a short sequence of phases that hand values along.
 
-    baseline -> candidates -> all-low trial -> ranking -> search -> result
+    baseline -> candidates -> all-low trial -> range rule -> ranking -> search -> result
 
 `Evaluator` (tuner.search.evaluator) is the one place that runs `evaluate`: it checks the bounds (evaluations,
 time from the start of the command), reads and writes the journal, counts and reports the trials. Every use
@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
 from torch import nn
 
 from tuner.core.dtypes import parse_dtype
@@ -27,6 +28,7 @@ from tuner.core.loader import user_site
 from tuner.core.sharding import Sharding
 from tuner.core.torch_state import refuse_active_autocast
 from tuner.engine.probe import AutocastFixes, autocast_fixes
+from tuner.measure.ranges import RangeReason, beyond_range, follow_chains, record_ranges
 from tuner.measure.ranking import rank_exact, rank_gradient
 from tuner.measure.recorded import PlanRecord, record_plan
 from tuner.options.tune import RankMethod, TuneOptions
@@ -102,6 +104,7 @@ class TuneSession:
         self.notes: list[str] = []
         self.recorded: PlanRecord | None = None  # the written plan's recorded forward (final_fp32)
         self.warnings: list[str] = []
+        self.range_kept: dict[OpInstance, RangeReason] = {}  # what the range rule keeps FP32 (`range_rule`)
 
     # --- the phases ------------------------------------------------------------------------------------------
     def run(self) -> TuneResult:
@@ -126,6 +129,8 @@ class TuneSession:
                 chosen = frozenset()
                 self.notes.append("everything eligible passes in the lower precision")
             elif found.instances:
+                with phase(Phase.RANGE):
+                    low = self.range_rule(found, low)
                 limits = self.aid_limits(found, low)
                 with phase(Phase.RANKING):
                     scores = self.rank(found, limits.probes)
@@ -274,6 +279,31 @@ class TuneSession:
             return Probe(False, math.inf), low
         return trials.probe(frozenset(), {}), low
 
+    def range_rule(self, found: Candidates, low: LowForward | None) -> LowForward | None:
+        """The candidates whose values leave the lower dtype's range start FP32 (`tuner.measure.ranges`): one FP32
+        forward records the magnitudes; where the all-low output overflowed, forwards follow the chain until one
+        is finite. No evaluation. Under fp16, or any dtype whose all-low output overflowed; not under torchrun
+        (every rank would have to run each forward). Returns the guide's first point: the forward of the plan
+        with those FP32 (`low` when the rule kept nothing)."""
+        overflowed = low is not None and low[0] == math.inf
+        if self.ranks.distributed or not (self.dtype == torch.float16 or overflowed):
+            return low
+        with self.keeper.borrowed(light=True) as model:
+            ranges = record_ranges(model, found.inputs, self.policy, self.dtype, found.instances,
+                                   found.fp32_calls, found.fp32_modules)
+            kept = beyond_range(ranges.magnitudes, self.dtype, self.options.dtype)
+            if overflowed:
+                kept, _ = follow_chains(model, found.inputs, self.policy, self.dtype, list(found.instances), kept,
+                                        self.options.dtype, always=found.fp32_calls, modules=found.fp32_modules,
+                                        skip=ranges.nonfinite)
+        if not kept:
+            return low
+        self.range_kept = kept
+        error = self.evaluator.output_error(plan_for(self.options, found, kept), found.ref_out)
+        self.notes.append(f"the range rule kept {len(kept)} op instance(s) FP32 before any evaluation: their "
+                          f"values on the example inputs leave {self.options.dtype}'s range (report.md says which)")
+        return error, self.evaluator.forward_s
+
     def check_metric_sees_outputs(self, found: Candidates, base: Baseline) -> None:
         """UserCodeError when running every candidate low changes the model's output a lot (relative error
         UNSEEN_OUTPUT_ERROR or more on the inputs) and evaluate's metric not at all: evaluate does not measure
@@ -321,28 +351,35 @@ class TuneSession:
                low: LowForward | None, limits: AidLimits = FULL
                ) -> tuple[frozenset[OpInstance] | None, StopReason | None]:
         """PrecisionSearch over units (every candidate one module's own code calls: what a loaded plan can run
-        in FP32 without Python per op, `tuner.engine.native`); its chosen FP32 set and why it stopped early."""
-        units = found.units()
+        in FP32 without Python per op, `tuner.engine.native`); its chosen FP32 set and why it stopped early.
+        What the range rule kept is FP32 in every plan tried, and its plan (the rest low) is the first trial."""
+        fixed = frozenset(i for i, c in enumerate(found.instances) if c in self.range_kept)
+        units = [u for u in (tuple(i for i in unit if i not in fixed) for unit in found.units()) if u]
         spare = 2 - min(2, len(trials.base.samples))  # evaluations a settled one-run baseline left unspent
         search = PrecisionSearch([math.sqrt(sum(scores[found.instances[i]] ** 2 for i in u)) for u in units],
-                                 lambda picked: trials.probe(frozenset(i for n in picked for i in units[n]), scores),
+                                 lambda picked: trials.probe(fixed | {i for n in picked for i in units[n]}, scores),
                                  costs=[sum(found.costs[found.instances[i]] for i in u) for u in units],
-                                 thorough=self.options.thorough, all_low_failed=True, all_low_drop=first.drop,
-                                 guide=self.guide(found, units, low, limits), extra_probes=1 + spare)
+                                 thorough=self.options.thorough, all_low_failed=not fixed,
+                                 all_low_drop=None if fixed else first.drop,
+                                 guide=self.guide(found, units, low, limits, fixed), extra_probes=1 + spare)
         outcome = search.run()
-        self.notes.extend(outcome.notes)
+        if fixed and outcome.fp32 is not None and not outcome.fp32:
+            self.notes.append(f"the range rule's plan passes: everything else runs in {self.options.dtype}")
+        self.notes.extend(n for n in outcome.notes if not (fixed and n.startswith("everything eligible")))
         if search.guide is not None and search.guide.forwards:
             self.notes.append(f"{search.guide.forwards} forwards on the example inputs guided the search "
                               f"({search.guide.seconds:.1f} s)")
-        chosen = None if outcome.fp32 is None else found.pick(frozenset(i for n in outcome.fp32 for i in units[n]))
-        return chosen, outcome.stopped  # type: ignore[return-value]
+        if outcome.fp32 is None:
+            return None, outcome.stopped  # type: ignore[return-value]
+        return found.pick(fixed | {i for n in outcome.fp32 for i in units[n]}), outcome.stopped  # type: ignore[return-value]
 
     def guide(self, found: Candidates, units: list[tuple[int, ...]], low: LowForward | None,
-              limits: AidLimits = FULL) -> Guide | None:
+              limits: AidLimits = FULL, fixed: frozenset[int] = frozenset()) -> Guide | None:
         """The search's guide: a unit set kept FP32 -> the output error of its plan on the example inputs
         (Evaluator.output_error), as many forwards as `limits` allow (`aid_limits`). None under
         torchrun (every rank would have to run each forward together) or when the output has no
-        floating-point tensor to compare. `low`: the all-low plan's forward (TuneSession.all_low)."""
+        floating-point tensor to compare. `low`: the forward of the plan with no unit FP32 (all low but `fixed`,
+        the range rule's: TuneSession.all_low, range_rule)."""
         if self.ranks.distributed or low is None:
             return None
         low_error = low[0]
@@ -350,7 +387,7 @@ class TuneSession:
             return None
 
         def error(picked: frozenset[int]) -> float:
-            fp32 = found.pick(frozenset(i for n in picked for i in units[n]))
+            fp32 = found.pick(fixed | {i for n in picked for i in units[n]})
             value = self.evaluator.output_error(plan_for(self.options, found, fp32), found.ref_out)
             return math.inf if value is None else value
 

@@ -12,7 +12,9 @@ Two scorers, both on example inputs, both in units of relative output error
   per group of candidates (one group unless their δ exceed the memory budget).
 - `exact`: one forward per candidate with only that op in the lower precision.
   Catches effects a first-order estimate misses (saturation, overflow), at N forwards.
-Candidates whose error is non-finite (an overflow) score inf either way.
+Candidates whose error is non-finite (an overflow) score inf either way: in the gradient ranking, an op whose
+lower-precision result is not finite where its FP32 output is (its own cast of an input past the lower
+dtype's range included) scores inf, whoever produced that input.
 
 **A candidate's own error.** In the all-low configuration an op's input that
 another candidate produced arrives already rounded: that rounding is the
@@ -344,10 +346,11 @@ class _Shadow:
         delta.sub_(ref.detach())
         if bool(torch.isfinite(delta).all()):
             return delta, True
-        # Positions already inf/NaN in the reference (a producer's overflow) are not this op's doing.
-        low32, ref32 = low_out.detach().to(_F32), ref.detach().to(_F32)
-        same = (low32 == ref32) | (torch.isnan(low32) & torch.isnan(ref32))
-        delta.masked_fill_(same, 0.0)
+        # Positions not finite in the op's own FP32 output are not this op's doing; any other is: an input in
+        # range in FP32 that the lower dtype cannot hold overflows when this op alone runs low (its own cast of
+        # an FP32 input), though the all-low reference rounded it to inf already (issue 39: a GeGLU product
+        # into down_proj scored 0.03% and went last in the search's order)
+        delta.masked_fill_(~torch.isfinite(y.detach()), 0.0)
         return delta, bool(torch.isfinite(delta).all())
 
 

@@ -105,6 +105,7 @@ class TuneSession:
         self.recorded: PlanRecord | None = None  # the written plan's recorded forward (final_fp32)
         self.warnings: list[str] = []
         self.range_kept: dict[OpInstance, RangeReason] = {}  # what the range rule keeps FP32 (`range_rule`)
+        self.limits = FULL  # what the aids may spend (`aid_limits`); the report's measured estimates too
 
     # --- the phases ------------------------------------------------------------------------------------------
     def run(self) -> TuneResult:
@@ -131,7 +132,7 @@ class TuneSession:
             elif found.instances:
                 with phase(Phase.RANGE):
                     low = self.range_rule(found, low)
-                limits = self.aid_limits(found, low)
+                limits = self.limits = self.aid_limits(found, low)
                 with phase(Phase.RANKING):
                     scores = self.rank(found, limits.probes)
                 with phase(Phase.SEARCH):
@@ -441,6 +442,25 @@ class TuneSession:
         with self.keeper.borrowed() as model:
             return record_plan(model, plan_for(self.options, found, fp32), found.inputs)
 
+    def shown_scores(self, found: Candidates | None, scores: Scores, fp32: tuple[OpInstance, ...],
+                     stopped: StopReason | None) -> tuple[dict[str, float], frozenset[str]]:
+        """The scores the report shows, by label, and those that stay first-order estimates. The plan's FP32
+        candidates get their output error measured alone (`rank_exact`: that op alone low, its inputs as it
+        receives them with the rest FP32; one forward each, at most the guide's units per round, the least
+        estimated first: the gradient ranking charges an input's rounding to its producer, so a consumer's
+        estimate can sit far below what it does alone). An op that overflows alone shows inf."""
+        shown = {c.label(): v for c, v in scores.items()}
+        if found is None or not scores or stopped is StopReason.INTERRUPTED:
+            return shown, frozenset(shown)
+        finite = sorted((c for c in fp32 if c in scores and math.isfinite(scores[c])), key=lambda c: scores[c])
+        todo = finite[:self.limits.units]
+        if todo:
+            with self.keeper.borrowed(light=True) as model:
+                measured = rank_exact(model, found.inputs, self.policy, self.dtype, list(found.instances),
+                                      found.ref_out, only=todo)
+            shown.update({c.label(): v for c, v in measured.items()})
+        return shown, frozenset(c.label() for c in scores if c not in todo and math.isfinite(scores[c]))
+
     def result(self, base: Baseline, accept: Acceptance, inputs: ModelInputs | None, found: Candidates | None,
                scores: Scores, chosen: frozenset[OpInstance] | None, stopped: StopReason | None) -> TuneResult:
         fp32, metric, chosen_n = self.final_fp32(found, chosen, stopped)
@@ -458,6 +478,7 @@ class TuneSession:
                                  "lower_is_better": opts.lower_is_better, "noise": base.spread,
                                  "evaluations": ev.evals, "candidates": len(candidates),
                                  "status": status.value, "stopped": stopped.value if stopped else None})
+        shown, estimated = self.shown_scores(found, scores, fp32, stopped)
         notes, warnings = list(self.notes), list(self.warnings)
         coarse = coarse_metric_note([t.metric for t in ev.trials if t.metric is not None],
                                     abs(base.value - accept.target))
@@ -470,7 +491,8 @@ class TuneSession:
             notes.append(f"search cut short: {stopped.describe(opts)}; the best plan confirmed so far was kept")
         return TuneResult(plan=plan, status=status, baseline=base.value, target=accept.target, metric=metric,
                           trials=ev.trials, evals=ev.evals, stopped=stopped, candidates=candidates,
-                          scores={c.label(): s for c, s in scores.items()}, notes=notes,
+                          scores=shown, notes=notes, estimated=estimated,
+                          range_kept={c.label(): r.text() for c, r in self.range_kept.items()},
                           flop_shares=found.flop_shares() if found else {},
                           seconds=time.monotonic() - self.started, eval_seconds=ev.eval_seconds,
                           user_seconds=self.user_seconds, inputs=inputs, warnings=warnings,

@@ -4,6 +4,8 @@ In every model an op A produces values past float16's largest (65504) in FP32, a
 casts its input to fp16 itself: keeping A in FP32 is not enough, B must stay FP32 too (and nothing else must).
 
 - `build_mlp` (default): a Linear chain; `l2` outputs ~1e5, `l3` reads it and scales it back down.
+- `build_deep`: 11 Linears, each followed by gelu (21 candidates); `layers.3` outputs ~1e5 into `layers.4`.
+  Before the range rule: 11 of 21 instances FP32, 11% of FLOPs in fp16, after 6 evaluations.
 - `build_cnn`: a conv chain; `c1` outputs ~1e5, `c2` (most of the FLOPs) reads it.
 - `build_t5`: T5-style feed-forward blocks; the last block's `wo` outputs ~1e5 into a residual and a norm.
 - `build_geglu`: gelu(gate) * up reaches ~1e5 (each factor stays in range) and feeds `down_proj`.
@@ -40,6 +42,18 @@ class Mlp(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
             x = F.relu(layer(x))
+        return self.head(x)
+
+
+class Deep(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(16 if i == 0 else 64, 64) for i in range(10)])
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = F.gelu(layer(x))
         return self.head(x)
 
 
@@ -115,6 +129,10 @@ def build_model() -> nn.Module:
     return build_mlp()
 
 
+def build_deep() -> nn.Module:
+    return _seeded(Deep(), {"layers.0.weight": 300.0, "layers.3.weight": 300.0, "layers.4.weight": 1e-3})
+
+
 def build_cnn() -> nn.Module:
     return _seeded(Cnn(), {"c1.": 3e3, "c2.": 3e-5})
 
@@ -127,7 +145,7 @@ def build_geglu() -> nn.Module:
     return _seeded(GeGluNet(), {"mlp1.gate_proj.": 40.0, "mlp1.up_proj.": 40.0, "mlp1.down_proj.": 1e-3})
 
 
-_BUILDERS = {"Mlp": build_mlp, "Cnn": build_cnn, "T5Like": build_t5, "GeGluNet": build_geglu}
+_BUILDERS = {"Mlp": build_mlp, "Deep": build_deep, "Cnn": build_cnn, "T5Like": build_t5, "GeGluNet": build_geglu}
 _REF: dict[str, torch.Tensor] = {}
 
 

@@ -5,7 +5,7 @@ import torch
 
 from tests.assets import fp16_chains
 from tuner.core.inputs import ModelInputs
-from tuner.measure.ranges import RangeSide, beyond_range, follow_chains, record_ranges
+from tuner.measure.ranges import RangeRecorder, RangeSide, beyond_range, follow_chains, record_ranges
 from tuner.measure.ranking import rank_gradient
 from tuner.policy.presets import load_preset
 from tuner.search.candidates import find_candidates
@@ -47,3 +47,11 @@ def test_the_gradient_ranking_scores_a_consumer_that_overflows_alone_inf():
     by_label = {c.label(): s for c, s in scores.items()}
     assert math.isinf(by_label["mlp1.down_proj:linear#0"])
     assert math.isfinite(by_label["mlp0.down_proj:linear#0"])
+
+
+def test_the_gradient_rankings_first_pass_records_the_same_ranges_as_a_forward_of_its_own():
+    model, inputs, found = _found(fp16_chains.build_mlp)
+    riding = RangeRecorder(found.instances)
+    rank_gradient(model, inputs, POLICY, F16, list(found.instances), found.ref_out, probes=1, observer=riding)
+    alone = record_ranges(model, inputs, POLICY, F16, found.instances)
+    assert riding.ran and riding.ranges().magnitudes == alone.magnitudes

@@ -5,8 +5,9 @@ overflows in fp16 whatever the search does around it: its own cast turns an inpu
 inf. And keeping the producer in FP32 is not enough (issue 39): a consumer that casts its inputs (a Linear
 after the one that overflowed) casts the FP32 value to fp16 itself. So before any evaluation:
 
-1. `record_ranges`: one FP32 forward, every candidate FP32, records each candidate's largest input and output
-   magnitude (ModelOpt AutoCast's `data_max` rule, at zero evaluations);
+1. `RangeRecorder`: in an FP32 forward (every candidate FP32), each candidate's largest input and output
+   magnitude (ModelOpt AutoCast's `data_max` rule, at zero evaluations); it rides on the gradient ranking's
+   first pass, else `record_ranges` runs one forward for it;
 2. `beyond_range`: every candidate whose input or output passes the lower dtype's largest finite value starts
    FP32, with the reason (`RangeReason`);
 3. `first_overflow`: under the plan so far (those FP32, the rest low) a forward finds the first op whose output
@@ -104,39 +105,54 @@ def _engine(policy: Policy, dtype: torch.dtype, model: nn.Module, fp32: Iterable
                            instance_overrides={c.key(): _F32 for c in fp32})
 
 
+class RangeRecorder:
+    """A recorder for PrecisionEngine that keeps what `record_ranges` reports, for a forward another part of mpt
+    runs with every candidate FP32 anyway (the gradient ranking's first pass: `rank_gradient(observer=...)`),
+    so the range rule costs no forward of its own there. Peaks stay on the device until `ranges()`."""
+
+    def __init__(self, candidates: Iterable[OpInstance]) -> None:
+        self.wanted = {c.key(): c for c in candidates}
+        self.ins: dict[OpInstance, list[Tensor]] = {}
+        self.outs: dict[OpInstance, list[Tensor]] = {}
+        self.inf_keys: list[tuple[str, str, int]] = []
+        self.inf_flags: list[Tensor] = []
+        self.ran = False
+
+    def __call__(self, d: Decision, func: Any, args: tuple, kwargs: dict, out: Any, raw_args: tuple,
+                 raw_kwargs: dict) -> None:
+        self.ran = True
+        key = (d.module, d.op, d.index)
+        with torch.no_grad():
+            peak = _peak(tensor_leaves(out))
+            if peak is not None:
+                self.inf_keys.append(key)
+                self.inf_flags.append(~torch.isfinite(peak))
+            cand = self.wanted.get(key)
+            if cand is None:
+                return
+            into = _peak(t for a in (*raw_args, *raw_kwargs.values()) for t in tensor_leaves(a))
+        if into is not None:
+            self.ins.setdefault(cand, []).append(into)
+        if peak is not None:
+            self.outs.setdefault(cand, []).append(peak)
+
+    def ranges(self) -> Ranges:
+        flags = _read([f.to(_F32) for f in self.inf_flags])
+        seen = {c: Magnitude(max(_read(self.ins.get(c, [])), default=0.0),
+                             max(_read(self.outs.get(c, [])), default=0.0))
+                for c in self.wanted.values() if c in self.ins or c in self.outs}
+        return Ranges(seen, frozenset(k for k, f in zip(self.inf_keys, flags, strict=True) if f))
+
+
 def record_ranges(model: nn.Module, inputs: ModelInputs, policy: Policy, dtype: torch.dtype,
                   candidates: Iterable[OpInstance], always: Iterable[OpInstance] = (),
                   modules: Iterable[str] = ()) -> Ranges:
     """One forward with every candidate (and `always`, the calls every plan keeps FP32, and `modules`) in FP32:
     each candidate's largest input and output magnitude, and the calls whose output is not finite."""
-    wanted = {c.key(): c for c in candidates}
-    ins: dict[OpInstance, list[Tensor]] = {}
-    outs: dict[OpInstance, list[Tensor]] = {}
-    inf_keys: list[tuple[str, str, int]] = []
-    inf_flags: list[Tensor] = []
-
-    def record(d: Decision, func: Any, args: tuple, kwargs: dict, out: Any, raw_args: tuple,
-               raw_kwargs: dict) -> None:
-        key = (d.module, d.op, d.index)
-        peak = _peak(tensor_leaves(out))
-        if peak is not None:
-            inf_keys.append(key)
-            inf_flags.append(~torch.isfinite(peak))
-        cand = wanted.get(key)
-        if cand is None:
-            return
-        into = _peak(t for a in (*raw_args, *raw_kwargs.values()) for t in tensor_leaves(a))
-        if into is not None:
-            ins.setdefault(cand, []).append(into)
-        if peak is not None:
-            outs.setdefault(cand, []).append(peak)
-
-    with torch.no_grad(), _engine(policy, dtype, model, [*wanted.values(), *always], modules, record):
+    recorder = RangeRecorder(candidates)
+    with torch.no_grad(), _engine(policy, dtype, model, [*recorder.wanted.values(), *always], modules, recorder):
         inputs.call(model)
-    flags = _read([f.to(_F32) for f in inf_flags])
-    seen = {c: Magnitude(max(_read(ins.get(c, [])), default=0.0), max(_read(outs.get(c, [])), default=0.0))
-            for c in wanted.values() if c in ins or c in outs}
-    return Ranges(seen, frozenset(k for k, f in zip(inf_keys, flags, strict=True) if f))
+    return recorder.ranges()
 
 
 def beyond_range(magnitudes: Mapping[OpInstance, Magnitude], dtype: torch.dtype,

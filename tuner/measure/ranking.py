@@ -219,8 +219,9 @@ class _Shadow:
     """The recorder of one gradient-ranking pass: marks candidate outputs and anchors its group's ones."""
 
     def __init__(self, wanted: dict[tuple[str, str, int], OpInstance], policy: Policy, dtype: torch.dtype,
-                 budget: int, group: set[OpInstance] | None) -> None:
+                 budget: int, group: set[OpInstance] | None, observer: Callable[..., None] | None = None) -> None:
         self.wanted = wanted
+        self.observer = observer  # sees every call of this pass as it ran, in FP32 (the range rule's recorder)
         self.policy = policy
         self.dtype = dtype
         self.budget = budget
@@ -261,6 +262,8 @@ class _Shadow:
     # ----- the recorder ----------------------------------------------------------------------------------
     def __call__(self, d: Decision, func: Any, args: tuple, kwargs: dict, out: Any,
                  raw_args: tuple, raw_kwargs: dict) -> Any:
+        if self.observer is not None:
+            self.observer(d, func, args, kwargs, out, raw_args, raw_kwargs)
         cand = self.wanted.get((d.module, d.op, d.index))
         if cand is None:
             if (d.op in NEUTRAL_OPS or d.op in DROPOUT_OPS or is_communication(d.op)) \
@@ -417,13 +420,14 @@ def _projections(finals: list[Tensor], anchors: list[Tensor], vectors: Iterator[
 
 def rank_gradient(model: nn.Module, inputs: ModelInputs | tuple, policy: Policy, dtype: torch.dtype,
                   candidates: list[OpInstance], ref_out: Any, progress: Progress | None = None,
-                  probes: int = 8, seed: int = 0, *, memory_budget: int | None = None) -> dict[OpInstance, float]:
+                  probes: int = 8, seed: int = 0, *, memory_budget: int | None = None,
+                  observer: Callable[..., None] | None = None) -> dict[OpInstance, float]:
     """First-order ‖J_c δ_c‖ / ‖output‖ for every candidate, δ_c being the error c adds by itself.
 
     `memory_budget`: bytes of δ one pass may hold (default `default_budget(model)`); more candidates than
     fit take more passes (each one forward plus `probes` backward passes). `progress(done, total)` is
     called after each backward pass. Parameters' requires_grad flags are off during the passes and
-    restored after.
+    restored after. `observer` (an engine recorder that returns None) sees every call of the first pass.
     """
     model_inputs = ModelInputs.of(inputs).map(lambda t: t.detach())
     wanted = {c.key(): c for c in candidates}
@@ -441,7 +445,7 @@ def rank_gradient(model: nn.Module, inputs: ModelInputs | tuple, policy: Policy,
             progress(state["done"], state["total"])
 
     def one_pass(group: set[OpInstance] | None) -> _Shadow:
-        shadow = _Shadow(wanted, policy, dtype, budget, group)
+        shadow = _Shadow(wanted, policy, dtype, budget, group, observer if group is None else None)
         with torch.enable_grad():
             with PrecisionEngine(policy, dtype, root=model, instance_overrides=overrides, recorder=shadow):
                 out = model_inputs.call(model)

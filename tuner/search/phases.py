@@ -20,8 +20,8 @@ class Phase(str, enum.Enum):
     BASELINE = "baseline"  # the FP32 evaluations and what surrounds them (a built-in metric's reference)
     CANDIDATES = "candidates"  # the first look, the probe, the recorded forward that finds the op instances
     ALL_LOW = "all-low"  # the all-low trial and the noise check after it
-    RANGE = "range"  # the range rule's forwards: magnitudes past the lower dtype's range (tuner.measure.ranges)
     RANKING = "ranking"  # scoring the candidates (gradient or exact ranking)
+    RANGE = "range"  # the range rule's forwards: magnitudes past the lower dtype's range (tuner.measure.ranges)
     SEARCH = "search"  # the trials of the search and the guide's forwards between them
     RESULT = "result"  # proving the chosen plan's weight dtypes, recording it
     REPORT = "report"  # measuring the plan for the report, writing the outputs and the checkpoint

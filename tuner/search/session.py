@@ -1,6 +1,6 @@
 """One tune, as a short sequence of phases that hand values along.
 
-    baseline -> candidates -> all-low trial -> range rule -> ranking -> search -> result
+    baseline -> candidates -> all-low trial -> ranking -> range rule -> search -> result
 
 `Evaluator` (tuner.search.evaluator) is the one place that runs `evaluate`: it checks the bounds (evaluations,
 time from the start of the command), reads and writes the journal, counts and reports the trials. Every use
@@ -28,7 +28,7 @@ from tuner.core.loader import user_site
 from tuner.core.sharding import Sharding
 from tuner.core.torch_state import refuse_active_autocast
 from tuner.engine.probe import AutocastFixes, autocast_fixes
-from tuner.measure.ranges import RangeReason, beyond_range, follow_chains, record_ranges
+from tuner.measure.ranges import RangeReason, RangeRecorder, beyond_range, follow_chains, record_ranges
 from tuner.measure.ranking import rank_exact, rank_gradient
 from tuner.measure.recorded import PlanRecord, record_plan
 from tuner.options.tune import RankMethod, TuneOptions
@@ -130,11 +130,12 @@ class TuneSession:
                 chosen = frozenset()
                 self.notes.append("everything eligible passes in the lower precision")
             elif found.instances:
-                with phase(Phase.RANGE):
-                    low = self.range_rule(found, low)
                 limits = self.limits = self.aid_limits(found, low)
+                ranges = self.range_recorder(found, low)
                 with phase(Phase.RANKING):
-                    scores = self.rank(found, limits.probes)
+                    scores = self.rank(found, limits.probes, ranges)
+                with phase(Phase.RANGE):
+                    low = self.range_rule(found, low, ranges)
                 with phase(Phase.SEARCH):
                     chosen, stopped = self.search(found, scores, trials, first, low, limits)
         except SearchStopped as stop:
@@ -280,18 +281,28 @@ class TuneSession:
             return Probe(False, math.inf), low
         return trials.probe(frozenset(), {}), low
 
-    def range_rule(self, found: Candidates, low: LowForward | None) -> LowForward | None:
-        """The candidates whose values leave the lower dtype's range start FP32 (`tuner.measure.ranges`): one FP32
-        forward records the magnitudes; where the all-low output overflowed, forwards follow the chain until one
-        is finite. No evaluation. Under fp16, or any dtype whose all-low output overflowed; not under torchrun
-        (every rank would have to run each forward). Returns the guide's first point: the forward of the plan
-        with those FP32 (`low` when the rule kept nothing)."""
+    def range_recorder(self, found: Candidates, low: LowForward | None) -> RangeRecorder | None:
+        """The range rule's recorder when the rule runs: under fp16, or any dtype whose all-low output overflowed;
+        not under torchrun (every rank would have to run each forward). The gradient ranking's first pass
+        feeds it (every candidate FP32: the forward the rule needs), else `range_rule` runs one forward."""
         overflowed = low is not None and low[0] == math.inf
         if self.ranks.distributed or not (self.dtype == torch.float16 or overflowed):
+            return None
+        return RangeRecorder(found.instances)
+
+    def range_rule(self, found: Candidates, low: LowForward | None,
+                   recorder: RangeRecorder | None) -> LowForward | None:
+        """The candidates whose values leave the lower dtype's range start FP32 (`tuner.measure.ranges`), from the
+        FP32 magnitudes `recorder` saw; where the all-low output overflowed, forwards follow the chain until one
+        is finite. No evaluation. Returns the guide's first point: the forward of the plan with those FP32
+        (`low` when the rule kept nothing or does not run)."""
+        if recorder is None:
             return low
+        overflowed = low is not None and low[0] == math.inf
         with self.keeper.borrowed(light=True) as model:
-            ranges = record_ranges(model, found.inputs, self.policy, self.dtype, found.instances,
-                                   found.fp32_calls, found.fp32_modules)
+            ranges = recorder.ranges() if recorder.ran else \
+                record_ranges(model, found.inputs, self.policy, self.dtype, found.instances, found.fp32_calls,
+                              found.fp32_modules)
             kept = beyond_range(ranges.magnitudes, self.dtype, self.options.dtype)
             if overflowed:
                 kept, _ = follow_chains(model, found.inputs, self.policy, self.dtype, list(found.instances), kept,
@@ -328,9 +339,10 @@ class TuneSession:
         forwards = self._evaluate_forwards(found, 0.0 if low is None else low[1])
         return self.ranks.broadcast(aid_limits(sum(found.flops.values()), forwards))
 
-    def rank(self, found: Candidates, probes: int = MAX_PROBES) -> dict[OpInstance, float]:
+    def rank(self, found: Candidates, probes: int = MAX_PROBES,
+             observer: RangeRecorder | None = None) -> dict[OpInstance, float]:
         """Score every candidate by the error it adds to the output, from cheap passes on the example inputs
-        (`probes`: the gradient ranking's backward passes)."""
+        (`probes`: the gradient ranking's backward passes; `observer` sees its first pass: the range rule's)."""
         method = RankMethod(self.options.rank)
 
         def progress(done: int, total: int) -> None:
@@ -340,7 +352,7 @@ class TuneSession:
         with self.keeper.borrowed(light=True) as model, compact_heap():  # (tuner.core.heap: its graph fragments)
             if method is RankMethod.GRADIENT:
                 scores = rank_gradient(model, found.inputs, self.policy, self.dtype, list(found.instances),
-                                       found.ref_out, progress, probes=probes)
+                                       found.ref_out, progress, probes=probes, observer=observer)
             else:
                 scores = rank_exact(model, found.inputs, self.policy, self.dtype, list(found.instances),
                                     found.ref_out, progress)

@@ -460,10 +460,11 @@ class TuneSession:
         candidates get their output error measured alone (`rank_exact`: that op alone low, its inputs as it
         receives them with the rest FP32; one forward each, at most the guide's units per round, the least
         estimated first: the gradient ranking charges an input's rounding to its producer, so a consumer's
-        estimate can sit far below what it does alone). An op that overflows alone shows inf."""
+        estimate can sit far below what it does alone). An op that overflows alone shows inf. Not under
+        torchrun (a forward of a sharded model needs every rank) nor after an interrupt: estimates, marked."""
         shown = {c.label(): v for c, v in scores.items()}
-        if found is None or not scores or stopped is StopReason.INTERRUPTED:
-            return shown, frozenset(shown)
+        if found is None or not scores or stopped is StopReason.INTERRUPTED or self.ranks.distributed:
+            return shown, frozenset(c.label() for c, v in scores.items() if math.isfinite(v))
         finite = sorted((c for c in fp32 if c in scores and math.isfinite(scores[c])), key=lambda c: scores[c])
         todo = finite[:self.limits.units]
         if todo:

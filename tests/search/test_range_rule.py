@@ -26,6 +26,7 @@ def test_a_geglu_product_into_down_proj_keeps_only_the_chain_fp32():
     assert fp32 == {"mlp1:mul#0", "mlp1.down_proj:linear#0"}  # before: 8 of 14, 31% of FLOPs in fp16
     assert result.evals == 3  # the baseline's two runs and the range rule's plan
     assert "range" in result.phases.table() and result.phases.table()["range"]["evaluate"] == 0.0
+    assert set(result.range_kept) == fp32
     reasons = fp32_reasons(result, result.trials)
     assert {r.kind for r in reasons} == {ReasonKind.RANGE}
     assert all("> fp16 max 65504" in r.text("fp16") for r in reasons)

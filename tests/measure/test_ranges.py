@@ -55,3 +55,22 @@ def test_the_gradient_rankings_first_pass_records_the_same_ranges_as_a_forward_o
     rank_gradient(model, inputs, POLICY, F16, list(found.instances), found.ref_out, probes=1, observer=riding)
     alone = record_ranges(model, inputs, POLICY, F16, found.instances)
     assert riding.ran and riding.ranges().magnitudes == alone.magnitudes
+
+
+class _Masked(torch.nn.Module):
+    """An attention-like score: a mask filled with finfo.min (as transformers builds it) added, then a matmul."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        mask = torch.zeros(4, 4).masked_fill(torch.ones(4, 4).triu(1).bool(), torch.finfo(torch.float32).min)
+        return self.proj(torch.softmax(x @ x.T + mask, -1) @ x)
+
+
+def test_a_masks_fill_value_is_no_value_past_the_range():
+    model, inputs = _Masked().eval(), ModelInputs.of((torch.randn(4, 4),))
+    found = find_candidates(model, inputs, POLICY, F16, {})
+    ranges = record_ranges(model, inputs, POLICY, F16, found.instances)
+    assert found.instances and not beyond_range(ranges.magnitudes, F16, "fp16")

@@ -34,6 +34,7 @@ from tuner.policy.plan import OpInstance
 from tuner.policy.presets import Policy
 
 _F32 = torch.float32
+FILL = 1e30  # magnitudes from here up are fill values (a mask's finfo.min, -1e30), not data: not counted
 
 
 class RangeSide(str, enum.Enum):
@@ -74,10 +75,18 @@ class Magnitude:
     output: float
 
 
+def _data_peak(t: Tensor) -> Tensor:
+    """`t`'s largest magnitude below FILL (an attention mask's finfo.min is no value an op computes with: in the
+    lower dtype it becomes -inf and masks the same); inf when `t` holds an inf or NaN."""
+    a = t.detach().abs()
+    top = torch.where(a < FILL, a, torch.zeros((), dtype=a.dtype, device=a.device)).amax().to(_F32)
+    return torch.where(torch.isfinite(a).all(), top, torch.full((), math.inf, device=a.device))
+
+
 def _peak(tensors: Iterable[Any]) -> Tensor | None:
-    """The largest magnitude of the floating-point tensors, as a 0-dim FP32 tensor on their device (read back
-    once per forward, not once per op: no sync per op on a GPU); None without one."""
-    peaks = [t.detach().abs().amax().to(_F32) for t in tensors
+    """The largest magnitude of the floating-point tensors (`_data_peak`), as a 0-dim FP32 tensor on their
+    device (read back once per forward, not once per op: no sync per op on a GPU); None without one."""
+    peaks = [_data_peak(t) for t in tensors
              if isinstance(t, Tensor) and t.is_floating_point() and t.numel() and t.dtype != torch.float64]
     if not peaks:
         return None

@@ -58,7 +58,7 @@ def test_the_gradient_rankings_first_pass_records_the_same_ranges_as_a_forward_o
 
 
 class _Masked(torch.nn.Module):
-    """An attention-like score: a mask filled with finfo.min (as transformers builds it) added, then a matmul."""
+    """Attention with a mask filled with finfo.min, as transformers builds it for SDPA."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -66,11 +66,13 @@ class _Masked(torch.nn.Module):
 
     def forward(self, x):
         mask = torch.zeros(4, 4).masked_fill(torch.ones(4, 4).triu(1).bool(), torch.finfo(torch.float32).min)
-        return self.proj(torch.softmax(x @ x.T + mask, -1) @ x)
+        q = x[None, None]
+        return self.proj(torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)[0, 0])
 
 
 def test_a_masks_fill_value_is_no_value_past_the_range():
     model, inputs = _Masked().eval(), ModelInputs.of((torch.randn(4, 4),))
     found = find_candidates(model, inputs, POLICY, F16, {})
     ranges = record_ranges(model, inputs, POLICY, F16, found.instances)
-    assert found.instances and not beyond_range(ranges.magnitudes, F16, "fp16")
+    assert "(root):scaled_dot_product_attention#0" in {c.label() for c in found.instances}
+    assert not beyond_range(ranges.magnitudes, F16, "fp16")

@@ -236,3 +236,14 @@ def test_a_guide_with_its_forwards_spent_lets_the_search_finish_without_it():
     with pytest.raises(GuideSpent):
         guide.error(frozenset({1, 2, 3}))  # a plan not seen before: no forward left
     assert guide.error(frozenset()) == error(frozenset())  # one seen before: still known
+
+
+def test_lowering_back_never_offers_a_plan_that_overflows_and_works_without_a_fit():
+    """An error model whose only point overflowed (drop inf) fits nothing: the guide used to offer exactly the
+    unit whose lowering overflows (predicted inf, the only prediction it had); now the finite one goes."""
+    errors = {frozenset({0, 1, 2}): 0.0, frozenset({1, 2}): math.inf, frozenset({0, 2}): 0.01,
+              frozenset({0, 1}): 0.02}
+    guide = Guide(lambda fp32: errors[fp32])
+    model = ErrorModel([1.0, 0.5, 0.1])
+    model.observe(0, math.inf)
+    assert guide.safe_block(model, frozenset({0, 1, 2}), [0, 1, 2]) == [1]

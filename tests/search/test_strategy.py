@@ -80,3 +80,21 @@ def test_thorough_finds_a_misranked_fragile_op():
 def test_nothing_passes_reports_none():
     out = PrecisionSearch([1.0, 2.0, 3.0], lambda fp32: False, all_low_failed=True).run()
     assert out.fp32 is None and out.evals <= 3
+
+
+def test_an_overflow_chain_ranked_last_does_not_end_all_fp32_with_probes_left():
+    """Units 0 and 7 must stay FP32 (an fp16 chain: every plan lowering either overflows), and the ranking put
+    7 last: every prefix but the whole overflows, the cut lands on all FP32, and the fit has no finite point.
+    The probes left lower the others, never 0 or 7, rather than give up at all FP32."""
+    from tuner.search.guide import Guide
+
+    need = {0, 7}
+    scores = [1.0, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05, 1e-9]
+
+    def test(fp32):
+        return Probe(need <= fp32, 0.5 if need <= fp32 else math.inf)
+
+    guide = Guide(lambda fp32: 0.001 * (8 - len(fp32)) if need <= fp32 else math.inf)
+    out = PrecisionSearch(scores, test, all_low_failed=True, all_low_drop=math.inf, guide=guide).run()
+    assert out.fp32 is not None and len(out.fp32) < len(scores)
+    assert need <= out.fp32

@@ -12,7 +12,9 @@ Two scorers, both on example inputs, both in units of relative output error
   per group of candidates (one group unless their δ exceed the memory budget).
 - `exact`: one forward per candidate with only that op in the lower precision.
   Catches effects a first-order estimate misses (saturation, overflow), at N forwards.
-Candidates whose error is non-finite (an overflow) score inf either way.
+Candidates whose error is non-finite (an overflow) score inf either way: in the gradient ranking, an op whose
+lower-precision result is not finite where its FP32 output is (its own cast of an input past the lower
+dtype's range included) scores inf, whoever produced that input.
 
 **A candidate's own error.** In the all-low configuration an op's input that
 another candidate produced arrives already rounded: that rounding is the
@@ -227,8 +229,9 @@ class _Shadow:
     """The recorder of one gradient-ranking pass: marks candidate outputs and anchors its group's ones."""
 
     def __init__(self, wanted: dict[tuple[str, str, int], OpInstance], policy: Policy, dtype: torch.dtype,
-                 budget: int, group: set[OpInstance] | None) -> None:
+                 budget: int, group: set[OpInstance] | None, observer: Callable[..., None] | None = None) -> None:
         self.wanted = wanted
+        self.observer = observer  # sees every call of this pass as it ran, in FP32 (the range rule's recorder)
         self.policy = policy
         self.dtype = dtype
         self.budget = budget
@@ -269,6 +272,8 @@ class _Shadow:
     # ----- the recorder ----------------------------------------------------------------------------------
     def __call__(self, d: Decision, func: Any, args: tuple, kwargs: dict, out: Any,
                  raw_args: tuple, raw_kwargs: dict) -> Any:
+        if self.observer is not None:
+            self.observer(d, func, args, kwargs, out, raw_args, raw_kwargs)
         cand = self.wanted.get((d.module, d.op, d.index))
         if cand is None:
             if (d.op in NEUTRAL_OPS or d.op in DROPOUT_OPS or is_communication(d.op)) \
@@ -354,10 +359,11 @@ class _Shadow:
         delta.sub_(ref.detach())
         if bool(torch.isfinite(delta).all()):
             return delta, True
-        # Positions already inf/NaN in the reference (a producer's overflow) are not this op's doing.
-        low32, ref32 = low_out.detach().to(_F32), ref.detach().to(_F32)
-        same = (low32 == ref32) | (torch.isnan(low32) & torch.isnan(ref32))
-        delta.masked_fill_(same, 0.0)
+        # Positions not finite in the op's own FP32 output are not this op's doing; any other is: an input in
+        # range in FP32 that the lower dtype cannot hold overflows when this op alone runs low (its own cast of
+        # an FP32 input), though the all-low reference rounded it to inf already (issue 39: a GeGLU product
+        # into down_proj scored 0.03% and went last in the search's order)
+        delta.masked_fill_(~torch.isfinite(y.detach()), 0.0)
         return delta, bool(torch.isfinite(delta).all())
 
 
@@ -424,13 +430,14 @@ def _projections(finals: list[Tensor], anchors: list[Tensor], vectors: Iterator[
 
 def rank_gradient(model: nn.Module, inputs: ModelInputs | tuple, policy: Policy, dtype: torch.dtype,
                   candidates: list[OpInstance], ref_out: Any, progress: Progress | None = None,
-                  probes: int = 8, seed: int = 0, *, memory_budget: int | None = None) -> dict[OpInstance, float]:
+                  probes: int = 8, seed: int = 0, *, memory_budget: int | None = None,
+                  observer: Callable[..., None] | None = None) -> dict[OpInstance, float]:
     """First-order ‖J_c δ_c‖ / ‖output‖ for every candidate, δ_c being the error c adds by itself.
 
     `memory_budget`: bytes of δ one pass may hold (default `default_budget(model)`); more candidates than
     fit take more passes (each one forward plus `probes` backward passes). `progress(done, total)` is
     called after each backward pass. Parameters' requires_grad flags are off during the passes and
-    restored after.
+    restored after. `observer` (an engine recorder that returns None) sees every call of the first pass.
     """
     model_inputs = ModelInputs.of(inputs).map(lambda t: t.detach())
     wanted = {c.key(): c for c in candidates}
@@ -448,7 +455,7 @@ def rank_gradient(model: nn.Module, inputs: ModelInputs | tuple, policy: Policy,
             progress(state["done"], state["total"])
 
     def one_pass(group: set[OpInstance] | None) -> _Shadow:
-        shadow = _Shadow(wanted, policy, dtype, budget, group)
+        shadow = _Shadow(wanted, policy, dtype, budget, group, observer if group is None else None)
         with torch.enable_grad():
             with PrecisionEngine(policy, dtype, root=model, instance_overrides=overrides, recorder=shadow):
                 out = model_inputs.call(model)

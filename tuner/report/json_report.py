@@ -44,6 +44,8 @@ def report_dict(result: TuneResult, report: TuneReport) -> dict[str, Any]:
         "seconds": {"total": result.seconds + report.seconds, "evaluations": result.eval_seconds,
                     "user_code": result.user_seconds, "phases": _phases(result, report)},
         "scores": result.scores,
+        "scores_estimated": sorted(result.estimated),  # the rest were measured with that op alone low
+        "range_kept": result.range_kept,  # label -> why the range rule kept it FP32 before the search
         "plan": plan.to_dict(),
         "trials": [_trial(t) for t in report.trials],
         "execution": _execution(report.execution),

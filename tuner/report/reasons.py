@@ -10,6 +10,7 @@ each unit alone).
 """
 from __future__ import annotations
 
+import enum
 import math
 import os
 from dataclasses import dataclass
@@ -18,6 +19,15 @@ from pathlib import Path
 from tuner.core.hf_config import HF_PREFIX
 from tuner.report.outcome import TuneReport
 from tuner.search.results import Trial, TuneResult
+
+
+class ReasonKind(str, enum.Enum):
+    """What kept an FP32 instance so: a failed trial, the range rule (before any evaluation), or only the
+    search's order (no failed trial ran it lowered)."""
+
+    TRIAL = "trial"
+    RANGE = "range"
+    ORDER = "order"
 
 
 @dataclass(frozen=True)
@@ -35,6 +45,14 @@ class Fp32Reason:
     flop_share: float | None
     extra: int = 0
     module: bool = False
+    range_text: str = ""  # the range rule's reason (`tuner.measure.ranges.RangeReason.text`): kept before the search
+    estimated: bool = False  # the score is the ranking's first-order estimate, not measured with it alone
+
+    @property
+    def kind(self) -> ReasonKind:
+        if self.range_text:
+            return ReasonKind.RANGE
+        return ReasonKind.ORDER if self.trial is None else ReasonKind.TRIAL
 
     def __post_init__(self) -> None:
         if self.others < 0 or self.extra < 0:
@@ -54,7 +72,7 @@ class Fp32Reason:
             return "-"
         if math.isinf(self.score) or math.isnan(self.score):
             return "inf (overflow)" if self.score > 0 else "nan"
-        return f"{100 * self.score:.3g}%"
+        return f"{100 * self.score:.3g}%" + (" (first-order estimate)" if self.estimated else "")
 
     def flop_text(self) -> str:
         """`2.9%`; `<0.1%` for an op with FLOPs too few to show; `0%` for none (an elementwise op)."""
@@ -68,8 +86,15 @@ class Fp32Reason:
         """`trial 7 failed with it in bf16 (only change from the plan)`, or with its module's ops, or
         `kept FP32 with 2 other instances when trial 2 failed with them in bf16 ...; no trial of its own`."""
         t = self.trial
+        if self.range_text:
+            return self.range_text + ("" if t is None else f"; {self._trial_text(dtype)}")
         if t is None:
             return f"no failed trial ran it in {dtype}: kept FP32 by the search's order; no trial of its own"
+        return self._trial_text(dtype)
+
+    def _trial_text(self, dtype: str) -> str:
+        t = self.trial
+        assert t is not None
         if self.proved and not self.others:
             return f"trial {t.n} failed with it in {dtype} (only change from the plan)"
         if self.proved:
@@ -90,8 +115,10 @@ def score_header(dtype: str) -> str:
 
 def score_note(dtype: str) -> str:
     """What the score column measures, said once under the table."""
-    return (f"{score_header(dtype)}: the ranking's score, its estimate of how much the model's output on the "
-            f"example inputs changes (‖Δoutput‖ / ‖output‖, in percent) with only that op instance in {dtype}.")
+    return (f"{score_header(dtype)}: how much the model's output on the example inputs changes "
+            f"(‖Δoutput‖ / ‖output‖, in percent) with only that op instance in {dtype}, its inputs as it receives "
+            "them with the rest FP32; measured with one forward, or marked as the ranking's first-order estimate "
+            "where it was not; inf: it overflows alone.")
 
 
 def fp32_reasons(result: TuneResult, trials: tuple[Trial, ...] | list[Trial]) -> list[Fp32Reason]:
@@ -110,12 +137,13 @@ def fp32_reasons(result: TuneResult, trials: tuple[Trial, ...] | list[Trial]) ->
         best = min((t for t in failed if label not in t.fp32), default=None,
                    key=lambda t: _distance(t, label, unit, ref, plan))
         score, flops = result.scores.get(label), result.flop_shares.get(label)
+        seen = {"range_text": result.range_kept.get(label, ""), "estimated": label in result.estimated}
         if best is None:
-            reasons.append(Fp32Reason(label, None, 0, score, flops))
+            reasons.append(Fp32Reason(label, None, 0, score, flops, **seen))  # type: ignore[arg-type]
             continue
         lowered = (ref - set(best.fp32)) & plan
         reasons.append(Fp32Reason(label, best, len(lowered) - 1, score, flops, extra=len(set(best.fp32) - ref),
-                                  module=len(unit) > 1 and lowered == unit))
+                                  module=len(unit) > 1 and lowered == unit, **seen))  # type: ignore[arg-type]
     return reasons
 
 

@@ -102,17 +102,26 @@ class Guide:
         """The items of `pool` (best first) that can go back to the lower precision together while the fit
         predicts a drop under IMPROVE_AIM (one forward per item weighed); when none fits, the one predicted
         closest to passing, alone: the prediction is a fit, not a measurement, and a probe left within the
-        bound is better spent on a plan that may pass than kept."""
+        bound is better spent on a plan that may pass than kept. An item whose lowering makes the output
+        overflow is never offered (that plan fails: no evaluation); with no finite point to fit yet (an error
+        model whose only points overflowed), the item whose lowering moves the output least goes alone."""
         block: list[int] = []
         alone: list[tuple[float, int]] = []
+        unfit: list[tuple[float, int]] = []
         for item in pool[:self.max_units]:
-            predicted = model.predicted_drop(self.error(keep - set(block) - {item}))
+            error = self.error(keep - set(block) - {item})
+            if not math.isfinite(error):
+                continue
+            predicted = model.predicted_drop(error)
             if predicted is None:
+                unfit.append((error, item))
                 continue
             if not block:
                 alone.append((predicted, item))
             if predicted <= IMPROVE_AIM:
                 block.append(item)
-        if block or not alone:
+        if block:
             return block
-        return [min(alone)[1]]
+        if alone:
+            return [min(alone)[1]]
+        return [min(unfit)[1]] if unfit else []

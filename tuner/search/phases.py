@@ -21,6 +21,7 @@ class Phase(str, enum.Enum):
     CANDIDATES = "candidates"  # the first look, the probe, the recorded forward that finds the op instances
     ALL_LOW = "all-low"  # the all-low trial and the noise check after it
     RANKING = "ranking"  # scoring the candidates (gradient or exact ranking)
+    RANGE = "range"  # the range rule's forwards: magnitudes past the lower dtype's range (tuner.measure.ranges)
     SEARCH = "search"  # the trials of the search and the guide's forwards between them
     RESULT = "result"  # proving the chosen plan's weight dtypes, recording it
     REPORT = "report"  # measuring the plan for the report, writing the outputs and the checkpoint

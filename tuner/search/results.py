@@ -185,6 +185,11 @@ class TuneResult:
     # the written plan's recorded forward (its shares and claims; None: not recorded, the report records it)
     recorded: PlanRecord | None = None
     phases: PhaseClock | None = None  # seconds by phase, mpt's own and inside evaluate (tuner.search.phases)
+    # the candidates the range rule kept FP32 before the search (label -> why: tuner.measure.ranges.RangeReason)
+    range_kept: dict[str, str] = field(default_factory=dict)
+    # the labels whose score is the ranking's first-order estimate; the others were measured with that op alone
+    # in the lower dtype, its inputs as it receives them (tuner.measure.ranking.rank_exact)
+    estimated: frozenset[str] = frozenset()
 
     def __repr__(self) -> str:
         """One line a notebook can show: the outcome, not every trial and the example inputs' tensors."""

@@ -1,6 +1,6 @@
 """One tune, as a short sequence of phases that hand values along.
 
-    baseline -> candidates -> all-low trial -> ranking -> search -> result
+    baseline -> candidates -> all-low trial -> ranking -> range rule -> search -> result
 
 `Evaluator` (tuner.search.evaluator) is the one place that runs `evaluate`: it checks the bounds (evaluations,
 time from the start of the command), reads and writes the journal, counts and reports the trials. Every use
@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
 from torch import nn
 
 from tuner.core.dtypes import parse_dtype
@@ -27,6 +28,7 @@ from tuner.core.loader import user_site
 from tuner.core.sharding import Sharding
 from tuner.core.torch_state import refuse_active_autocast
 from tuner.engine.probe import AutocastFixes, autocast_fixes
+from tuner.measure.ranges import RangeReason, RangeRecorder, beyond_range, follow_chains, record_ranges
 from tuner.measure.ranking import rank_exact, rank_gradient
 from tuner.measure.recorded import PlanRecord, record_plan
 from tuner.options.tune import RankMethod, TuneOptions
@@ -103,6 +105,8 @@ class TuneSession:
         self.notes: list[str] = []
         self.recorded: PlanRecord | None = None  # the written plan's recorded forward (final_fp32)
         self.warnings: list[str] = []
+        self.range_kept: dict[OpInstance, RangeReason] = {}  # what the range rule keeps FP32 (`range_rule`)
+        self.limits = FULL  # what the aids may spend (`aid_limits`); the report's measured estimates too
 
     # --- the phases ------------------------------------------------------------------------------------------
     def run(self) -> TuneResult:
@@ -127,9 +131,12 @@ class TuneSession:
                 chosen = frozenset()
                 self.notes.append("everything eligible passes in the lower precision")
             elif found.instances and not self._unconfirmable(base):  # else no evaluation could confirm a plan
-                limits = self.aid_limits(found, low)
+                limits = self.limits = self.aid_limits(found, low)
+                ranges = self.range_recorder(found, low)
                 with phase(Phase.RANKING):
-                    scores = self.rank(found, limits.probes)
+                    scores = self.rank(found, limits.probes, ranges)
+                with phase(Phase.RANGE):
+                    low = self.range_rule(found, low, ranges)
                 with phase(Phase.SEARCH):
                     chosen, stopped = self.search(found, scores, trials, first, low, limits)
         except SearchStopped as stop:
@@ -299,6 +306,41 @@ class TuneSession:
             return Probe(False, math.inf), low
         return trials.probe(frozenset(), {}), low
 
+    def range_recorder(self, found: Candidates, low: LowForward | None) -> RangeRecorder | None:
+        """The range rule's recorder when the rule runs: under fp16, or any dtype whose all-low output overflowed;
+        not under torchrun (every rank would have to run each forward). The gradient ranking's first pass
+        feeds it (every candidate FP32: the forward the rule needs), else `range_rule` runs one forward."""
+        overflowed = low is not None and low[0] == math.inf
+        if self.ranks.distributed or not (self.dtype == torch.float16 or overflowed):
+            return None
+        return RangeRecorder(found.instances)
+
+    def range_rule(self, found: Candidates, low: LowForward | None,
+                   recorder: RangeRecorder | None) -> LowForward | None:
+        """The candidates whose values leave the lower dtype's range start FP32 (`tuner.measure.ranges`), from the
+        FP32 magnitudes `recorder` saw; where the all-low output overflowed, forwards follow the chain until one
+        is finite. No evaluation. Returns the guide's first point: the forward of the plan with those FP32
+        (`low` when the rule kept nothing or does not run)."""
+        if recorder is None:
+            return low
+        overflowed = low is not None and low[0] == math.inf
+        with self.keeper.borrowed(light=True) as model:
+            ranges = recorder.ranges() if recorder.ran else \
+                record_ranges(model, found.inputs, self.policy, self.dtype, found.instances, found.fp32_calls,
+                              found.fp32_modules)
+            kept = beyond_range(ranges.magnitudes, self.dtype, self.options.dtype)
+            if overflowed:
+                kept, _ = follow_chains(model, found.inputs, self.policy, self.dtype, list(found.instances), kept,
+                                        self.options.dtype, always=found.fp32_calls, modules=found.fp32_modules,
+                                        skip=ranges.nonfinite)
+        if not kept:
+            return low
+        self.range_kept = kept
+        error = self.evaluator.output_error(plan_for(self.options, found, kept), found.ref_out)
+        self.notes.append(f"the range rule kept {len(kept)} op instance(s) FP32 before any evaluation: their "
+                          f"values on the example inputs leave {self.options.dtype}'s range (report.md says which)")
+        return error, self.evaluator.forward_s
+
     def check_metric_sees_outputs(self, found: Candidates, base: Baseline) -> None:
         """UserCodeError when running every candidate low changes the model's output a lot (relative error
         UNSEEN_OUTPUT_ERROR or more on the inputs) and evaluate's metric not at all: evaluate does not measure
@@ -322,9 +364,10 @@ class TuneSession:
         forwards = self._evaluate_forwards(found, 0.0 if low is None else low[1])
         return self.ranks.broadcast(aid_limits(sum(found.flops.values()), forwards))
 
-    def rank(self, found: Candidates, probes: int = MAX_PROBES) -> dict[OpInstance, float]:
+    def rank(self, found: Candidates, probes: int = MAX_PROBES,
+             observer: RangeRecorder | None = None) -> dict[OpInstance, float]:
         """Score every candidate by the error it adds to the output, from cheap passes on the example inputs
-        (`probes`: the gradient ranking's backward passes)."""
+        (`probes`: the gradient ranking's backward passes; `observer` sees its first pass: the range rule's)."""
         method = RankMethod(self.options.rank)
 
         def progress(done: int, total: int) -> None:
@@ -334,7 +377,7 @@ class TuneSession:
         with self.keeper.borrowed(light=True) as model, compact_heap():  # (tuner.core.heap: its graph fragments)
             if method is RankMethod.GRADIENT:
                 scores = rank_gradient(model, found.inputs, self.policy, self.dtype, list(found.instances),
-                                       found.ref_out, progress, probes=probes)
+                                       found.ref_out, progress, probes=probes, observer=observer)
             else:
                 scores = rank_exact(model, found.inputs, self.policy, self.dtype, list(found.instances),
                                     found.ref_out, progress, raised=lambda _, exc: self.evaluator.note_raised(exc))
@@ -346,31 +389,38 @@ class TuneSession:
                low: LowForward | None, limits: AidLimits = FULL
                ) -> tuple[frozenset[OpInstance] | None, StopReason | None]:
         """PrecisionSearch over units (every candidate one module's own code calls: what a loaded plan can run
-        in FP32 without Python per op, `tuner.engine.native`); its chosen FP32 set and why it stopped early."""
-        units = found.units()
+        in FP32 without Python per op, `tuner.engine.native`); its chosen FP32 set and why it stopped early.
+        What the range rule kept is FP32 in every plan tried, and its plan (the rest low) is the first trial."""
+        fixed = frozenset(i for i, c in enumerate(found.instances) if c in self.range_kept)
+        units = [u for u in (tuple(i for i in unit if i not in fixed) for unit in found.units()) if u]
         spare = 2 - min(2, len(trials.base.samples))  # evaluations a settled one-run baseline left unspent
         search = PrecisionSearch([math.sqrt(sum(scores[found.instances[i]] ** 2 for i in u)) for u in units],
-                                 lambda picked: trials.probe(frozenset(i for n in picked for i in units[n]), scores),
+                                 lambda picked: trials.probe(fixed | {i for n in picked for i in units[n]}, scores),
                                  costs=[sum(found.costs[found.instances[i]] for i in u) for u in units],
-                                 thorough=self.options.thorough, all_low_failed=True, all_low_drop=first.drop,
-                                 guide=self.guide(found, units, low, limits), extra_probes=1 + spare)
+                                 thorough=self.options.thorough, all_low_failed=not fixed,
+                                 all_low_drop=None if fixed else first.drop,
+                                 guide=self.guide(found, units, low, limits, fixed), extra_probes=1 + spare)
         outcome = search.run()
-        self.notes.extend(outcome.notes)
+        if fixed and outcome.fp32 is not None and not outcome.fp32:
+            self.notes.append(f"the range rule's plan passes: everything else runs in {self.options.dtype}")
+        self.notes.extend(n for n in outcome.notes if not (fixed and n.startswith("everything eligible")))
         if self.evaluator.raised:  # a mixed plan the model's own code cannot run: failing, not the end of the tune
             self.notes.append(f"{len(self.evaluator.raised)} call(s) in the model raised under a mixed plan on "
                               "the example inputs; those plans counted as failing: " + "; ".join(self.evaluator.raised))
         if search.guide is not None and search.guide.forwards:
             self.notes.append(f"{search.guide.forwards} forwards on the example inputs guided the search "
                               f"({search.guide.seconds:.1f} s)")
-        chosen = None if outcome.fp32 is None else found.pick(frozenset(i for n in outcome.fp32 for i in units[n]))
-        return chosen, outcome.stopped  # type: ignore[return-value]
+        if outcome.fp32 is None:
+            return None, outcome.stopped  # type: ignore[return-value]
+        return found.pick(fixed | {i for n in outcome.fp32 for i in units[n]}), outcome.stopped  # type: ignore[return-value]
 
     def guide(self, found: Candidates, units: list[tuple[int, ...]], low: LowForward | None,
-              limits: AidLimits = FULL) -> Guide | None:
+              limits: AidLimits = FULL, fixed: frozenset[int] = frozenset()) -> Guide | None:
         """The search's guide: a unit set kept FP32 -> the output error of its plan on the example inputs
         (Evaluator.output_error), as many forwards as `limits` allow (`aid_limits`). None under
         torchrun (every rank would have to run each forward together) or when the output has no
-        floating-point tensor to compare. `low`: the all-low plan's forward (TuneSession.all_low)."""
+        floating-point tensor to compare. `low`: the forward of the plan with no unit FP32 (all low but `fixed`,
+        the range rule's: TuneSession.all_low, range_rule)."""
         if self.ranks.distributed or low is None:
             return None
         low_error = low[0]
@@ -378,7 +428,7 @@ class TuneSession:
             return None
 
         def error(picked: frozenset[int]) -> float:
-            fp32 = found.pick(frozenset(i for n in picked for i in units[n]))
+            fp32 = found.pick(fixed | {i for n in picked for i in units[n]})
             value = self.evaluator.output_error(plan_for(self.options, found, fp32), found.ref_out)
             return math.inf if value is None else value
 
@@ -432,6 +482,26 @@ class TuneSession:
         with self.keeper.borrowed() as model:
             return record_plan(model, plan_for(self.options, found, fp32), found.inputs)
 
+    def shown_scores(self, found: Candidates | None, scores: Scores, fp32: tuple[OpInstance, ...],
+                     stopped: StopReason | None) -> tuple[dict[str, float], frozenset[str]]:
+        """The scores the report shows, by label, and those that stay first-order estimates. The plan's FP32
+        candidates get their output error measured alone (`rank_exact`: that op alone low, its inputs as it
+        receives them with the rest FP32; one forward each, at most the guide's units per round, the least
+        estimated first: the gradient ranking charges an input's rounding to its producer, so a consumer's
+        estimate can sit far below what it does alone). An op that overflows alone shows inf. Not under
+        torchrun (a forward of a sharded model needs every rank) nor after an interrupt: estimates, marked."""
+        shown = {c.label(): v for c, v in scores.items()}
+        if found is None or not scores or stopped is StopReason.INTERRUPTED or self.ranks.distributed:
+            return shown, frozenset(c.label() for c, v in scores.items() if math.isfinite(v))
+        finite = sorted((c for c in fp32 if c in scores and math.isfinite(scores[c])), key=lambda c: scores[c])
+        todo = finite[:self.limits.units]
+        if todo:
+            with self.keeper.borrowed(light=True) as model:
+                measured = rank_exact(model, found.inputs, self.policy, self.dtype, list(found.instances),
+                                      found.ref_out, only=todo)
+            shown.update({c.label(): v for c, v in measured.items()})
+        return shown, frozenset(c.label() for c in scores if c not in todo and math.isfinite(scores[c]))
+
     def result(self, base: Baseline, accept: Acceptance, inputs: ModelInputs | None, found: Candidates | None,
                scores: Scores, chosen: frozenset[OpInstance] | None, stopped: StopReason | None) -> TuneResult:
         fp32, metric, chosen_n = self.final_fp32(found, chosen, stopped)
@@ -449,6 +519,7 @@ class TuneSession:
                                  "lower_is_better": opts.lower_is_better, "noise": base.spread,
                                  "evaluations": ev.evals, "candidates": len(candidates),
                                  "status": status.value, "stopped": stopped.value if stopped else None})
+        shown, estimated = self.shown_scores(found, scores, fp32, stopped)
         notes, warnings = list(self.notes), list(self.warnings)
         coarse = coarse_metric_note([t.metric for t in ev.trials if t.metric is not None],
                                     abs(base.value - accept.target), _known_step(ev.evaluate_fn))
@@ -461,7 +532,8 @@ class TuneSession:
             notes.append(f"search cut short: {stopped.describe(opts)}; the best plan confirmed so far was kept")
         return TuneResult(plan=plan, status=status, baseline=base.value, target=accept.target, metric=metric,
                           trials=ev.trials, evals=ev.evals, stopped=stopped, candidates=candidates,
-                          scores={c.label(): s for c, s in scores.items()}, notes=notes,
+                          scores=shown, notes=notes, estimated=estimated,
+                          range_kept={c.label(): r.text() for c, r in self.range_kept.items()},
                           flop_shares=found.flop_shares() if found else {},
                           seconds=time.monotonic() - self.started, eval_seconds=ev.eval_seconds,
                           user_seconds=self.user_seconds, inputs=inputs, warnings=warnings,

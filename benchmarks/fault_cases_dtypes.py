@@ -46,6 +46,7 @@ F64_INT = {"own": "self.register_buffer('center', torch.randn(16, dtype=torch.fl
            "use": " - self.center.float() * (self.steps > 0)"}
 NO_OWN = {"own": "pass", "use": ""}
 
+
 def cases() -> list[Case]:
     """Each dtype mix, tuned in bf16 (and fp16 for three), then checked."""
     dtype_models = {

@@ -117,6 +117,7 @@ FUSED_CASES: dict[str, tuple[tuple[str, ...], dict[str, object]]] = {
         ("bf16",), {"kind": "mha", "batch_first": False, "own_fp32": True}),
 }
 
+
 def cases() -> list[Case]:
     """Each fast-path setting in its dtypes, tuned then checked."""
     head = COSINE_HEADER.split("X = ")[0]  # the imports: the model file has its own data and evaluate

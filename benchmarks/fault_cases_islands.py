@@ -63,6 +63,7 @@ CONTAINERS = {
     "tuple set as an attribute": ("p", "self.ctx", "(setattr(self.island, 'ctx', (h, g)), None)[1]"),
 }
 
+
 def cases() -> list[Case]:
     """Each container kind into an FP32 island."""
     C: list[Case] = []

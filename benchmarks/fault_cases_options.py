@@ -11,6 +11,7 @@ CLASSES = ("option", "config", "oplist", "presets", "inspect", "cli")
 T = "{T}"  # the case's temp folder, in argv
 M = {"m.py": OK}  # the battery's MLP: the files of most cases
 
+
 def cuda_expected() -> int:
     try:
         import torch

@@ -181,11 +181,14 @@ def evaluate(model):
     return float(torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), dim=0))
 """
 
+# binary garbage where a text file (plan, op list) is expected
 BINARY = bytes(range(256)) * 4 + b"\x00\xff\xfe\x80linear\n\x00"
 
 
 def deep_yaml(depth: int, key: str = "x") -> str:
+    """A YAML document nesting `key`'s value `depth` lists deep (plans and configs refuse past 16)."""
     return "version: 1\n" + f"{key}: " + "[" * depth + "1" + "]" * depth + "\n"
+
 
 # `mpt tune` flags of the cases on COSINE_HEADER models: no latency timing, a 0.1% tolerance
 QUICK = ("--no-latency", "--tolerance", "0.001")

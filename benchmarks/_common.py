@@ -4,14 +4,16 @@ Not a benchmark itself (the leading underscore); each benchmarks/*.py script imp
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -54,6 +56,19 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
                                         for i, (c, w) in enumerate(zip(r, widths))) + " |"
     sep = "|" + "|".join(("-" * (w + 1) + ":") if right[i] else ("-" * (w + 2)) for i, w in enumerate(widths)) + "|"
     return "\n".join([fmt(list(headers)), sep, *(fmt(r) for r in cells)])
+
+
+@contextlib.contextmanager
+def work_folder(keep: Path | None, prefix: str) -> Iterator[Path]:
+    """Where a benchmark's child runs write: `keep` (made if missing, left in place for the user to read), else a
+    temp folder removed afterwards."""
+    if keep is not None:
+        folder = keep.resolve()
+        folder.mkdir(parents=True, exist_ok=True)
+        yield folder
+        return
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        yield Path(tmp)
 
 
 def pass_fail(ok: bool) -> str:

@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -174,21 +173,14 @@ def main(argv: list[str] | None = None) -> int:
         [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
-    from _common import machine_line, table
+    from _common import machine_line, table, work_folder
 
     print(machine_line())
     print(f"zoo size {args.size}; device {args.device}; models {', '.join(names)}; dtypes {', '.join(dtypes)}\n",
           flush=True)
     t0 = time.perf_counter()
-    tmp = None
-    if args.work:
-        work = args.work.resolve()
-        work.mkdir(parents=True, exist_ok=True)
-    else:
-        tmp = tempfile.TemporaryDirectory(prefix="mpt-aten-share-")
-        work = Path(tmp.name)
     rows = []
-    try:
+    with work_folder(args.work, "mpt-aten-share-") as work:
         for name in names:
             for dtype in dtypes:
                 r = check_one(name, dtype, args, work, env)
@@ -198,9 +190,6 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"    mpt check: {r['check_tail']}")
                 if r.get("aten_by_op") and not r.get("share_ok"):
                     print(f"    ATen FLOPs by op and dtype: {r['aten_by_op']}")
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
     md = table(HEADERS, [table_row(r) for r in rows])
     print()
     print(md)

@@ -50,7 +50,6 @@ import platform
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -591,7 +590,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown model(s) {unknown}; known: {', '.join(BY_NAME)}")
 
     sys.path.insert(0, str(HERE))
-    from _common import table
+    from _common import table, work_folder
 
     if args.device == "cuda":
         import torch
@@ -616,18 +615,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"zoo size {args.size}; device {args.device}; models: {', '.join(names)}\n", flush=True)
 
     t0 = time.perf_counter()
-    tmp = None
-    if args.work:
-        work = args.work.resolve()
-        work.mkdir(parents=True, exist_ok=True)
-    else:
-        tmp = tempfile.TemporaryDirectory(prefix="mpt-zoo-")
-        work = Path(tmp.name)
-    try:
+    with work_folder(args.work, "mpt-zoo-") as work:
         rows = [bench_model(BY_NAME[n], args, work, env) for n in names]
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
     recs = [summarise(r) for r in rows]
     md = table(HEADERS, [table_row(r) for r in recs])
     extra = notes(recs)

@@ -160,6 +160,28 @@ def photos(n: int, size: int, seed: int) -> Tensor:
     return (x - x.mean(dim=(0, 2, 3), keepdim=True)) / x.std(dim=(0, 2, 3), keepdim=True)
 
 
+@functools.lru_cache(maxsize=4)
+def eval_photos(n: int, size: int) -> Tensor:
+    """The CNNs' evaluation images: `photos` of seed 1, made once per process (calibration uses seed 2)."""
+    return photos(n, size, seed=1)
+
+
+def calibrate_batchnorm(model: torch.nn.Module, images: Tensor, batch: int) -> torch.nn.Module:
+    """Give the model's BatchNorm2d layers running statistics from `images` (seeded calibration data, not the
+    evaluation's): the cumulative average over batches of `batch` in train mode, then momentum 0.1 and eval mode,
+    as a trained CNN would hold them. The CNNs' build (resnet18, unet)."""
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    for m in norms:
+        m.momentum = None  # cumulative average over the calibration batches
+    model.train()
+    with torch.no_grad():
+        for i in range(0, len(images), batch):
+            model(images[i:i + batch])
+    for m in norms:
+        m.momentum = 0.1
+    return model.eval()
+
+
 def mean_cosine(ref: list[Tensor], outs: list[Tensor]) -> float:
     """Mean cosine similarity of matching rows (over the last dim) across batches: `cosine_sum` pooled."""
     total, count = 0.0, 0

@@ -17,7 +17,6 @@ MPT_ZOO_SIZE=tiny: width 8 (8-16-32-64), 16x16 images, 32 of them, 10 classes.
 """
 from __future__ import annotations
 
-import functools
 
 import torch
 from torch import nn
@@ -77,14 +76,9 @@ class ResNet18(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
-@functools.lru_cache(maxsize=2)
-def _data(images: int, size: int) -> torch.Tensor:
-    return _shared.photos(images, size, seed=1)
-
-
 def data() -> torch.Tensor:
     c = config()
-    return _data(c["images"], c["image"])
+    return _shared.eval_photos(c["images"], c["image"])
 
 
 def build_model() -> nn.Module:
@@ -101,18 +95,7 @@ def build_model() -> nn.Module:
             if isinstance(m, BasicBlock):
                 nn.init.constant_(m.bn2.weight, 0.5)
     # BatchNorm statistics from 4 seeded calibration batches (not the evaluation images).
-    calib = _shared.photos(64, c["image"], seed=2)
-    for m in model.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            m.momentum = None  # cumulative average over the calibration batches
-    model.train()
-    with torch.no_grad():
-        for i in range(0, len(calib), 16):
-            model(calib[i:i + 16])
-    for m in model.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            m.momentum = 0.1
-    return model.eval()
+    return _shared.calibrate_batchnorm(model, _shared.photos(64, c["image"], seed=2), 16)
 
 
 def _logits(model: nn.Module) -> list[torch.Tensor]:

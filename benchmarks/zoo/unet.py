@@ -17,7 +17,6 @@ MPT_ZOO_SIZE=tiny: widths 4-8-16 (bottleneck 32), 16x16 images, 8 of them, 2 out
 """
 from __future__ import annotations
 
-import functools
 
 import torch
 from torch import nn
@@ -62,14 +61,9 @@ class UNet(nn.Module):
         return self.head(x)
 
 
-@functools.lru_cache(maxsize=2)
-def _data(images: int, size: int) -> torch.Tensor:
-    return _shared.photos(images, size, seed=1)
-
-
 def data() -> torch.Tensor:
     c = config()
-    return _data(c["images"], c["image"])
+    return _shared.eval_photos(c["images"], c["image"])
 
 
 def build_model() -> nn.Module:
@@ -81,18 +75,7 @@ def build_model() -> nn.Module:
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
                 if m.bias is not None:
                     nn.init.normal_(m.bias, std=0.1)
-    calib = _shared.photos(32, c["image"], seed=2)
-    for m in model.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            m.momentum = None  # cumulative average over the calibration batches
-    model.train()
-    with torch.no_grad():
-        for i in range(0, len(calib), 8):
-            model(calib[i:i + 8])
-    for m in model.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            m.momentum = 0.1
-    return model.eval()
+    return _shared.calibrate_batchnorm(model, _shared.photos(32, c["image"], seed=2), 8)
 
 
 def _maps(model: nn.Module) -> list[torch.Tensor]:

@@ -27,12 +27,12 @@ latency timing):
   over units (every subset of units kept FP32, each one a trial as mpt's search runs it:
   benchmarks/oracle.py's `Lab`) where the case has at most 10 units, else the best of strong heuristics
   (oracle.py's `best_plan`: bisected orderings and greedy climbs, started from mpt's plan too); a passing
-  plan found another way beats it where its share is higher (the range rule's plan keeps single op
-  instances FP32, finer than units; "/ another plan" in the table). PASS at >= 0.95x the best known share.
+  plan found another way beats it where its share is higher ("/ another plan" in the table). PASS at
+  >= 0.95x the best known share.
 - **range**: the zero-evaluation range rule (ModelOpt AutoCast's idea): FP32 every candidate whose FP32
   input or output magnitude on the example inputs exceeds fp16's max (65504; nothing for bf16, whose range
-  is FP32's); its share, and whether its plan meets the target (one trial). On an fp16 case mpt must reach
-  at least its share when it passes.
+  is FP32's), each call taking its whole unit as a loaded plan runs it; its share, and whether its plan
+  meets the target (one trial). On an fp16 case mpt must reach at least its share when it passes.
 - **exact**: `mpt tune --rank exact`'s share and evaluations (for comparison, no target).
 - **honest**: every "output error, alone in DTYPE" shown for an FP32 instance (report.json `scores`, the
   column of report.md) is at least a tenth of that op's measured output error alone in the lower dtype
@@ -217,7 +217,10 @@ def best_known(mod: types.ModuleType, start: list[OpInstance] | None, row: Row) 
     options = TuneOptions(**mod.TUNE)
     lab = Lab(mod.build_model, mod.evaluate, mod.example_inputs, options)
     row.units = len(lab.units)
-    ranged = range_instances(lab, mod.TUNE["dtype"])
+    # as a loaded plan runs it: a plan naming one call of a module runs that module's own calls FP32
+    # (tuner.engine.native), so the rule's FP32 calls take their whole unit, or its share would be claimed only
+    hit = range_instances(lab, mod.TUNE["dtype"])
+    ranged = frozenset(i for unit in lab.units if hit.intersection(unit) for i in unit)
     fp32 = lab.found.pick(ranged)
     row.range_share = lab.found.shares_without(fp32).flop_share
     row.range_passes = lab.trials.probe(ranged, {}).passed
@@ -261,7 +264,7 @@ def run_case(path: Path, *, work: Path, exact: bool = True) -> Row:
         best_known(mod, start, row)
     except Exception as exc:  # noqa: BLE001
         row.errors.append(f"best known: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
-    # a passing plan found another way (the range rule's instance-level plan, mpt's, --rank exact's) counts too
+    # a passing plan found another way (the range rule's plan, mpt's, --rank exact's) counts too
     known = [row.best, row.share, row.exact_share, row.range_share if row.range_passes else None]
     if any(x is not None and (row.best is None or x > row.best + 1e-9) for x in known):
         row.best_how += " / another plan"

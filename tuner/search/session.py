@@ -335,6 +335,10 @@ class TuneSession:
                                         skip=ranges.nonfinite)
         if not kept:
             return low
+        # a kept op whose inputs are FP32 under the rule's plan runs FP32 with no override (a pass-through op
+        # after a kept producer): dropped, or its module would become an FP32 island for nothing (`search`)
+        idle = self._record(found, tuple(sorted(kept))).idle
+        kept = {c: why for c, why in kept.items() if c not in idle} or kept
         self.range_kept = kept
         error = self.evaluator.output_error(plan_for(self.options, found, kept), found.ref_out)
         self.notes.append(f"the range rule kept {len(kept)} op instance(s) FP32 before any evaluation: their "
@@ -391,8 +395,11 @@ class TuneSession:
         """PrecisionSearch over units (every candidate one module's own code calls: what a loaded plan can run
         in FP32 without Python per op, `tuner.engine.native`); its chosen FP32 set and why it stopped early.
         What the range rule kept is FP32 in every plan tried, and its plan (the rest low) is the first trial."""
-        fixed = frozenset(i for i, c in enumerate(found.instances) if c in self.range_kept)
-        units = [u for u in (tuple(i for i in unit if i not in fixed) for unit in found.units()) if u]
+        # a unit is what a loaded plan can run FP32 (`tuner.engine.native`): what the range rule kept takes its
+        # whole unit, or the plan tried would claim one call FP32 beside a sibling its module runs FP32 too
+        kept = {i for i, c in enumerate(found.instances) if c in self.range_kept}
+        fixed = frozenset(i for unit in found.units() if kept.intersection(unit) for i in unit)
+        units = [unit for unit in found.units() if not fixed.intersection(unit)]
         spare = 2 - min(2, len(trials.base.samples))  # evaluations a settled one-run baseline left unspent
         search = PrecisionSearch([math.sqrt(sum(scores[found.instances[i]] ** 2 for i in u)) for u in units],
                                  lambda picked: trials.probe(fixed | {i for n in picked for i in units[n]}, scores),

@@ -29,7 +29,7 @@ from tuner.core.torch_state import refuse_active_autocast
 from tuner.engine.probe import AutocastFixes, autocast_fixes
 from tuner.measure.ranking import rank_exact, rank_gradient
 from tuner.measure.recorded import PlanRecord, record_plan
-from tuner.options.tune import RankMethod, TuneOptions
+from tuner.options.tune import Granularity, RankMethod, TuneOptions
 from tuner.policy.plan import OpInstance
 from tuner.policy.presets import load_preset
 from tuner.search.budget import FULL, MAX_PROBES, AidLimits, aid_limits
@@ -321,8 +321,9 @@ class TuneSession:
                low: LowForward | None, limits: AidLimits = FULL
                ) -> tuple[frozenset[OpInstance] | None, StopReason | None]:
         """PrecisionSearch over units (every candidate one module's own code calls: what a loaded plan can run
-        in FP32 without Python per op, `tuner.engine.native`); its chosen FP32 set and why it stopped early."""
-        units = found.units()
+        in FP32 without Python per op, `tuner.engine.native`; with `granularity: type`, every candidate of one op
+        type); its chosen FP32 set and why it stopped early."""
+        units = found.type_units() if self.options.granularity == Granularity.TYPE.value else found.units()
         spare = 2 - min(2, len(trials.base.samples))  # evaluations a settled one-run baseline left unspent
         search = PrecisionSearch([math.sqrt(sum(scores[found.instances[i]] ** 2 for i in u)) for u in units],
                                  lambda picked: trials.probe(frozenset(i for n in picked for i in units[n]), scores),

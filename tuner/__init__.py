@@ -24,6 +24,7 @@ _HOME = {  # public name -> the module that defines it
     "autocast": "engine.attach", "convert": "engine.attach", "revert": "engine.attach",
     "attach": "engine.attach", "detach": "engine.attach", "attached": "engine.attach",
     "disable_casts": "engine.function_mode", "Decision": "engine.function_mode",
+    "LossScaler": "engine.scaler", "StepsSkipped": "engine.scaler",
     "Execution": "engine.native", "ExecutionPath": "engine.native", "autocast_failures": "engine.probe",
     "load": "report.checkpoint", "tune": "jobs.tune_call", "TuneOptions": "options.tune",
     "TuneResult": "search.results", "inspect_model": "measure.inspection", "inspect": "jobs.inspect_run",

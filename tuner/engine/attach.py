@@ -209,7 +209,9 @@ class autocast:
 
     def __enter__(self) -> autocast:
         if self.native:  # a torch.autocast of this entry's own: it keeps the state to put back on exit
-            ctx = torch.autocast(self._native[0], dtype=self._native[1])
+            # No weight cache: torch.autocast keeps its cast of each parameter until the outermost block exits,
+            # and a block opened around a training loop would train on the first step's weights (issue 41).
+            ctx = torch.autocast(self._native[0], dtype=self._native[1], cache_enabled=False)
             ctx.__enter__()
             self._entered.stack.append(ctx)
             return self

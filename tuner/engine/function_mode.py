@@ -37,7 +37,14 @@ from tuner.core.torch_state import autocast_nesting
 from tuner.engine import rnn_inputs
 from tuner.engine.tracker import OUTSIDE, ModuleTracker
 from tuner.policy.modes import InplaceMode
-from tuner.policy.opnames import AUTOCAST_INSIDE, SKIP, canonical_name, is_inplace, is_python_composite
+from tuner.policy.opnames import (
+    AUTOCAST_INSIDE,
+    SKIP,
+    UPDATES_BUFFERS,
+    canonical_name,
+    is_inplace,
+    is_python_composite,
+)
 from tuner.policy.presets import Policy
 from tuner.policy.rules import Rule
 
@@ -135,6 +142,7 @@ class _FuncInfo:
     clone: Callable[..., Any] | None = None
     fast: bool = False  # passthrough with nothing to record: call straight through
     autocast_inside: bool = False  # lowered by running it under torch.autocast (opnames.AUTOCAST_INSIDE)
+    input_only: bool = False  # updates buffers it is handed: only its input is cast (opnames.UPDATES_BUFFERS)
 
 
 _CLONES: dict[Any, Callable[..., Any]] = {}
@@ -307,7 +315,8 @@ class PrecisionEngine(TorchFunctionMode):
         info = _FuncInfo(name=name, skip=skip, inplace=is_inplace(name), transparent=transparent,
                          rule=rule, detail=detail,
                          clone=_unchecked_clone(func) if transparent else None,  # type: ignore[arg-type]
-                         autocast_inside=name in AUTOCAST_INSIDE and not self.policy.lists(name))
+                         autocast_inside=name in AUTOCAST_INSIDE and not self.policy.lists(name),
+                         input_only=name in UPDATES_BUFFERS)
         info.fast = skip or (rule is Rule.PASSTHROUGH and not transparent and not self._need_index
                              and not self.module_overrides and name not in _ATEN_NAME)
         self._infos[func] = info
@@ -353,7 +362,8 @@ class PrecisionEngine(TorchFunctionMode):
                 out = _under_autocast(func, target, args, kwargs)
             else:
                 if target is not None and not self.dry_run:
-                    args, kwargs, casts = self._cast(args, kwargs, target)
+                    args, kwargs, casts = (self._cast_input(args, kwargs, target) if info.input_only
+                                           else self._cast(args, kwargs, target))
                 out = func(*args, **kwargs)
         except Exception as exc:  # (free when nothing raises) which call it was: `failed_call`
             self._thread.failed = (id(exc), (path, name, index))
@@ -502,6 +512,22 @@ class PrecisionEngine(TorchFunctionMode):
                 return self.cache.get(t, target), 1
             return t.to(target), 1
         return t, 0
+
+    def _cast_input(self, args: tuple, kwargs: dict, target: torch.dtype) -> tuple[tuple, dict, int]:
+        """A buffer-updating op's casts (opnames.UPDATES_BUFFERS): its input to `target`; each other tensor only
+        where the kernel would refuse it (a lower dtype other than `target`), so FP32 weights and running
+        statistics go in as themselves and the op updates the model's own buffers."""
+        total = 0
+        cast_args = list(args)
+        for n, a in enumerate(args):
+            if n == 0 or (isinstance(a, Tensor) and a.dtype in LOWER_DTYPES and a.dtype != target):
+                cast_args[n], casts = self._cast_one(a, target)
+                total += casts
+        if "input" in kwargs:
+            kwargs = dict(kwargs)
+            kwargs["input"], casts = self._cast_one(kwargs["input"], target)
+            total += casts
+        return tuple(cast_args), kwargs, total
 
     def _cast(self, args: tuple, kwargs: dict, target: torch.dtype) -> tuple[tuple, dict, int]:
         total = 0

@@ -288,9 +288,11 @@ def low_autocast(device: str, dtype: torch.dtype) -> torch.autocast:
     The cache keeps a lower-precision copy of every parameter that requires grad until the outermost autocast
     exits: in an inference forward (no_grad, each weight used once) that is a second copy of the model's
     matmul weights in memory (+0.5x the FP32 parameter bytes in bf16) for nothing. Without it each cast
-    copy is freed after its op; only a weight used several times in one forward is cast again.
+    copy is freed after its op; only a weight used several times in one forward is cast again. Nor inside
+    another autocast block (the caller's, or a `tuner.autocast` opened around a training loop): the cache lives
+    until the outermost block exits, so its casts would outlive the optimizer step after this forward.
     """
-    return torch.autocast(device, dtype=dtype, cache_enabled=torch.is_grad_enabled())
+    return torch.autocast(device, dtype=dtype, cache_enabled=torch.is_grad_enabled() and autocast_nesting() == 0)
 
 
 _LOW = (torch.bfloat16, torch.float16)

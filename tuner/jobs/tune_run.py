@@ -30,6 +30,7 @@ from tuner.report.pretrained import check_saved_target, save_pretrained_folder
 from tuner.report.sharded import save_shards
 from tuner.report.writer import withdraw_plan, write_outputs
 from tuner.search.distributed import Ranks, SharedJournal
+from tuner.search.repeatable import replaying
 from tuner.search.results import EventKind, RunWarning, StopReason, TuneEvent, TuneResult, TuneStatus
 from tuner.search.session import TuneSession
 from tuner.workspace.folder import OutputFolder
@@ -87,7 +88,8 @@ def tune_into_folder(user: UserModel, options: TuneOptions, out: str | Path, *, 
     with claim as folder:
         path = Path(out) if folder is None else folder.path
         t0 = time.monotonic()
-        keeper = ModelKeeper(user.build, options.device, start=start_state)
+        keeper = ModelKeeper(user.build, options.device, start=start_state,
+                             before_build=replaying(user.build) if options.for_training else None)
         build_seconds = time.monotonic() - t0
         sharding = Sharding.of(keeper.model)  # a layout mpt cannot run is refused before anything runs
         files = user.files or ((user.path,) if user.path.is_file() else ())  # tuner.tune(out=) from a notebook: none

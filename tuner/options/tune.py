@@ -62,6 +62,11 @@ class TuneOptions(Options):
                                        minimum=0, exclusive_min=True, metavar="SECONDS")
     device: str = device_option()
     thorough: bool = option(False, "Prove every FP32 instance necessary (more evaluations).", Kind.BOOL)
+    for_training: bool = option(False, "evaluate trains the model (mixed precision training): every trial keeps "
+                                "the parameters and buffers FP32 and lowers only the compute, per op, forward and "
+                                "backward, as torch.autocast does; the model and every random generator are reset "
+                                "before each trial; no lowered checkpoint is written (the FP32 weights are yours).",
+                                Kind.BOOL)
     rank: str = option("gradient", "How to rank op instances before the search: gradient = one forward with every "
                        "op's low-precision error plus a few backward passes (first-order damage to the output); "
                        "exact = one forward per op instance (slower; catches saturation effects).", Kind.CHOICE,
@@ -125,6 +130,8 @@ class TuneOptions(Options):
                     "lower_is_better": self.lower_is_better, "device": self.device}
         if self.granularity != Granularity.INSTANCE.value:  # absent by default: older journals still resume
             settings["granularity"] = self.granularity
+        if self.for_training:  # absent otherwise: journals from before training mode still resume
+            settings["for_training"] = True
         if self.metric is not None:  # absent otherwise: journals from before built-in metrics still resume
             settings.update(metric=self.metric, output=self.output, data=self.data, tokenizer=self.tokenizer,
                             batch_size=self.batch_size)

@@ -79,6 +79,15 @@ def tool_op_name(name: str, tool: str) -> str:
 # torch.autocast("cuda") lists the cells themselves (it casts all their inputs), and a list naming them wins.
 AUTOCAST_INSIDE: frozenset[str] = frozenset({"gru_cell", "lstm_cell", "rnn_tanh_cell", "rnn_relu_cell"})
 
+# Ops that update buffers they are handed in place (BatchNorm's and InstanceNorm's running statistics). A cast copy
+# of such a buffer would take the update and be dropped, the model's own buffer never moving (issue 41: running
+# variance 1.0 against 12.2 under HMP's bf16 list). The engine casts only their input: weight, bias and running
+# statistics stay as they are (FP32), which torch's kernels take with a bf16/fp16 input on CPU and CUDA (the mixed
+# batch norm autocast runs after a lowered conv), and Gaudi autocast's norms do the same.
+UPDATES_BUFFERS: frozenset[str] = frozenset({"batch_norm", "instance_norm", "native_batch_norm",
+                                             "_native_batch_norm_legit", "cudnn_batch_norm",
+                                             "_batch_norm_impl_index", "_batch_norm_with_update"})
+
 # Dunder methods keep the seeds' spelling: `__add__` -> `add`, `__iadd__` -> `iadd`.
 _KEEP_DUNDER = {"__matmul__", "__rmatmul__"}
 

@@ -169,7 +169,8 @@ class Plan:
     paths or globs to a dtype, and `fp32_instances` are the single op calls the
     search kept in FP32. `dtype` is the lower dtype, stored by its short name
     (`bf16`, `fp16`). `metrics`, `model` and `checkpoint_sha256` are records of
-    the run and of the model it was made for; they do not change what runs.
+    the run and of the model it was made for; they do not change what runs. `for_training` marks a plan tuned
+    for training (`mpt tune --for-training`): its weights are the user's FP32 ones, only compute is lowered.
     Validated on construction (ConfigError listing every problem).
     """
 
@@ -184,9 +185,12 @@ class Plan:
     version: int = PLAN_VERSION
     model: ModelRef | None = field(default=None, compare=False)
     checkpoint_sha256: str | None = field(default=None, compare=False)
+    for_training: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         problems: list[str] = []
+        if not isinstance(self.for_training, bool):
+            problems.append(f"for_training: expected true or false, found {_shown(self.for_training)}")
         try:
             dt = parse_dtype(self.dtype, lower_only=True)
             object.__setattr__(self, "dtype", short_name(dt))
@@ -254,6 +258,8 @@ class Plan:
     # ----- YAML ---------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"version": self.version, "dtype": self.dtype, "preset": self.preset}
+        if self.for_training:  # absent otherwise: plans from before training mode read as they did
+            data["for_training"] = True
         for attr in ("lower", "fp32", "promote"):
             value = getattr(self, attr)
             if value is not None:
@@ -283,7 +289,7 @@ class Plan:
         if not isinstance(data, dict):
             raise ConfigError(f"a plan is a YAML mapping, found {type(data).__name__}", source=source)
         allowed = {"version", "dtype", "preset", "lower", "fp32", "promote", "modules", "fp32_instances", "metrics",
-                   "model", "checkpoint_sha256"}
+                   "model", "checkpoint_sha256", "for_training"}
         problems = check_keys(data, allowed, where="")
         model_ref = None
         if data.get("model") is not None:
@@ -327,6 +333,7 @@ class Plan:
                 version=version,
                 model=model_ref,
                 checkpoint_sha256=digest,
+                for_training=data.get("for_training", False),
             )
         except ConfigError as exc:
             raise ConfigError(exc.errors, source=source) from None

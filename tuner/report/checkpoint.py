@@ -362,8 +362,9 @@ def _plan_and_checkpoint(source: str | Path | Plan) -> tuple[Plan, Path | None]:
         raise ConfigError(f"tuner.load takes an output folder, a plan .yaml file or a Plan, found "
                           f"{type(source).__name__}")
     path = Path(source)
-    if path.is_dir():
-        return Plan.load(path / PLAN_NAME), path / CHECKPOINT_NAME
+    if path.is_dir():  # a training plan's folder has no checkpoint: the weights are the model's own (FP32)
+        plan = Plan.load(path / PLAN_NAME)
+        return plan, None if plan.for_training else path / CHECKPOINT_NAME
     if path.suffix not in (".yaml", ".yml") and not path.is_file():
         raise ConfigError(f"{path}: no such output folder or plan file")
     plan = Plan.load(path)

@@ -46,6 +46,9 @@ def report_markdown(result: TuneResult, report: TuneReport, out: Path) -> str:
         lines.append(f"| torch fast paths | {_cell(report.execution.fast_paths())} |")
     if result.stopped:
         lines.append(f"| cut short | {result.stopped.value} |")
+    if report.plan.for_training:
+        lines.append(f"| training | every trial trained FP32 parameters and buffers with {dtype} compute (as "
+                     "torch.autocast does); no lowered checkpoint is written: the FP32 weights are yours |")
     lines.append(f"| run | {facts.created}, {facts.time_text()} |")
     lines += ["", *[f"> warning: {w}" for w in report.warnings], *([""] if report.warnings else []),
               *_details(result, report),

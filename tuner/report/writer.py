@@ -135,7 +135,7 @@ def _write_staged(result: TuneResult, report: TuneReport, stage: Path, out: Path
             digest = shards.move_into(stage)
         info = CheckpointInfo(lowered=shards.lowered, bytes=shards.bytes, fp32_bytes=shards.fp32_bytes)
         report = report.written(info, digest, time.monotonic() - t0)
-    else:
+    elif not result.plan.for_training:  # a training plan's weights are the user's FP32 ones: no checkpoint
         report = _write_checkpoint(result, report, stage, out, model=model, t0=t0, hold=hold)
     with _writing(out, PLAN_NAME):
         report.plan.save(stage / PLAN_NAME, header=plan_header(result))

@@ -36,7 +36,7 @@ from tuner.measure.shares import Shares
 from tuner.policy.plan import OpInstance, Plan
 from tuner.search.distributed import Ranks, SharedJournal
 from tuner.search.noise import Acceptance
-from tuner.search.repeatable import Draws, RunSignature, restore_generators
+from tuner.search.repeatable import Draws, RunSignature, generator_states, restore_generators
 from tuner.search.results import Evaluating, EventKind, StopReason, Trial, TuneEvent
 from tuner.search.strategy import SearchStopped
 from tuner.workspace.journal import Journal
@@ -131,8 +131,12 @@ class Evaluator:
 
     def __init__(self, evaluate: Callable[[nn.Module], Any], keeper: ModelKeeper, bounds: Bounds, *,
                  journal: Journal | SharedJournal | None = None, ranks: Ranks | None = None,
-                 emit: Callable[[TuneEvent], None] | None = None) -> None:
+                 emit: Callable[[TuneEvent], None] | None = None, training: bool = False) -> None:
         self._evaluate = evaluate
+        # a training tune (`for_training`): parameters stay FP32 in every trial, and each evaluation starts with
+        # every generator as the baseline's first run found it (`_start`, journaled with it for --resume)
+        self.training = training
+        self._start: dict[str, Any] | None = None
         self.evaluate_fn = evaluate  # the user's evaluate, for errors that name it
         self.keeper = keeper
         self.bounds = bounds
@@ -185,6 +189,8 @@ class Evaluator:
             passed = baseline or (accept is not None and accept.confirms(metric))
             fed, signature = cached.get("fed"), cached.get("signature")
             self._replay_draws(cached.get("generators"))
+            if self.training and self._start is None and isinstance(cached.get("start"), dict):
+                self._start = cached["start"]
             return self._record(Trial(n, label, fp32, metric, passed, float(cached["seconds"]), shares,
                                       cached.get("error"), True, baseline, kept,
                                       fed if isinstance(fed, int) and fed > 0 else None,
@@ -199,8 +205,20 @@ class Evaluator:
         if self.journal:
             self.journal.append(key, {"metric": run.metric, "passed": passed, "seconds": run.seconds,
                                       "error": run.error, "fp32": list(fp32), "fed": run.fed,
-                                      "signature": run.signature, "generators": run.moved})
+                                      "signature": run.signature, "generators": run.moved,
+                                      **({"start": self._start} if self.training and baseline else {})})
         return self._record(trial)
+
+    def _same_draws(self) -> None:
+        """A training tune's evaluation starts with every generator evaluate may draw from (torch's, CUDA's,
+        Python's, NumPy's, those its module and closure hold) as the baseline's first run found it, so a
+        training evaluate draws alike in every trial and its metric differs only by precision."""
+        if not self.training:
+            return
+        if self._start is None:
+            self._start = generator_states(self._evaluate)
+        else:
+            restore_generators(self._evaluate, self._start)
 
     def _replay_draws(self, moved: Any) -> None:
         """A journaled run's draws replayed: the generator states it left put back, so the first evaluation a
@@ -229,8 +247,9 @@ class Evaluator:
         baseline = plan is None
         metric: float | None = None
         error: str | None = None
-        lowered = None if plan is None else self.lowered(plan)
+        lowered = None if plan is None or self.training else self.lowered(plan)  # training: FP32 master weights
         with self.keeper.borrowed("evaluate", lowered=lowered) as model:
+            self._same_draws()
             t0 = time.monotonic()
             signature = RunSignature(self._evaluate) if self.signing else None
             draws = signature.draws if signature is not None else Draws(self._evaluate)

@@ -16,4 +16,4 @@ def plan_for(options: TuneOptions, found: Candidates | None, fp32: Iterable[OpIn
     kept = found.fp32_calls if found is not None else ()
     return Plan(dtype=options.dtype, preset=options.preset,  # type: ignore[arg-type]
                 modules=tuple(sorted((p, "fp32") for p in modules)),
-                fp32_instances=tuple(sorted(set(fp32) | set(kept))), **extra)
+                fp32_instances=tuple(sorted(set(fp32) | set(kept))), for_training=options.for_training, **extra)

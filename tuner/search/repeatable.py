@@ -131,6 +131,9 @@ def _sources(fn: Callable[..., Any] | None) -> list[_Source]:
     if numpy is not None:
         found.append(_Source("numpy", lambda: _numpy_json(numpy.random.get_state()),
                              lambda v: numpy.random.set_state(_numpy_value(v))))
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # (never initializes CUDA itself)
+        found.append(_Source("cuda", lambda: [_torch_state(s) for s in torch.cuda.get_rng_state_all()],
+                             lambda v: torch.cuda.set_rng_state_all([_torch_tensor(s) for s in v])))
     seen: set[int] = set()
     for name, value in _user_values(fn) if fn is not None else ():
         source = None if id(value) in seen else _held_source("user." + _SEPARATORS.sub("_", name), value)
@@ -162,6 +165,15 @@ def restore_generators(fn: Callable[..., Any] | None, states: Mapping[str, Any])
                 source.write(states[source.name])
             except (TypeError, ValueError, KeyError, RuntimeError, struct.error, binascii.Error):
                 continue
+
+
+def replaying(fn: Callable[..., Any] | None) -> Callable[[], None]:
+    """A function that puts every generator `fn` may draw from back in the state it has now: called before each
+    build and each evaluation of a training tune (`for_training`), every trial draws what the baseline drew
+    (weight initialisation, data shuffling, dropout, DataLoader workers' seeds, which torch's generator gives),
+    so trials differ only in precision."""
+    states = generator_states(fn)
+    return lambda: restore_generators(fn, states)
 
 
 class Draws:
@@ -279,13 +291,14 @@ def _parse(signature: str) -> tuple[str, dict[str, tuple[str, str]]] | None:
 
 
 def _same_draws(first: tuple[str, str], second: tuple[str, str]) -> bool:
-    """One generator in two runs: neither drew from it, or both left it in one state from different starting
-    states (or from the state the other left): evaluate reseeds it itself."""
+    """One generator in two runs: neither drew from it, or both left it in one state: evaluate reseeds it itself
+    (from different starting states, or from the state the other left), or both started from one state and
+    drew alike (a training tune puts every generator back before each evaluation: `replaying`)."""
     (before1, after1), (before2, after2) = first, second
     drew1, drew2 = before1 != after1, before2 != after2
     if not drew1 and not drew2:
         return True
-    return after1 == after2 and (before1 != before2 or not drew1 or not drew2)
+    return after1 == after2
 
 
 def repeatable(first: str | None, second: str | None) -> bool:

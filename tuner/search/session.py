@@ -42,7 +42,7 @@ from tuner.search.guide import Guide
 from tuner.search.noise import Acceptance, Baseline, coarse_metric_note, measure_baseline
 from tuner.search.phases import Phase, PhaseClock
 from tuner.search.plans import plan_for
-from tuner.search.repeatable import repeatable
+from tuner.search.repeatable import repeatable, replaying
 from tuner.search.results import (
     BaselineMeasured,
     CandidatesFound,
@@ -94,10 +94,11 @@ class TuneSession:
         self.emit = (on_event if self.ranks.is_main else None) or (lambda e: None)  # only rank 0 reports
         self.started = time.monotonic() if started is None else started
         t0 = time.monotonic()
-        self.keeper = keeper or ModelKeeper(build, options.device, start=refuse_active_autocast("tuner.tune()"))
+        self.keeper = keeper or ModelKeeper(build, options.device, start=refuse_active_autocast("tuner.tune()"),
+                                            before_build=replaying(build) if options.for_training else None)
         self.user_seconds = time.monotonic() - t0 if keeper is None else 0.0
         self.evaluator = Evaluator(evaluate, self.keeper, Bounds(self.started, options.max_evals, options.time_budget),
-                                   journal=journal, ranks=self.ranks, emit=self.emit)
+                                   journal=journal, ranks=self.ranks, emit=self.emit, training=options.for_training)
         self.clock = PhaseClock(lambda: self.evaluator.eval_seconds)
         self.notes: list[str] = []
         self.recorded: PlanRecord | None = None  # the written plan's recorded forward (final_fp32)
@@ -412,8 +413,8 @@ class TuneSession:
         opts, ev = self.options, self.evaluator
         # the calls every plan keeps FP32 count as op instances in FP32 ("2 of 2"), though no trial chose them
         candidates = list(found.instances) + list(found.fp32_calls) if found else []
-        lowered = None
-        if chosen_n is not None and found is not None and stopped is not StopReason.INTERRUPTED:
+        lowered: dict[str, Any] | None = {} if opts.for_training else None  # training: the FP32 weights ran
+        if chosen_n is not None and found is not None and stopped is not StopReason.INTERRUPTED and lowered is None:
             with self.keeper.borrowed() as model:  # the trials' predicted weight dtypes, proven on this plan
                 lowered = ev.confirm_lowered(model, plan_for(opts, found, fp32))
         plan = plan_for(opts, found, fp32,

@@ -39,8 +39,9 @@ class ModelKeeper:
     """Owns the working model; `model` is the as-built FP32 model (lowered parameters put back first)."""
 
     def __init__(self, build: Callable[[], nn.Module], device: str | torch.device = "cpu", *,
-                 start: TorchState | None = None) -> None:
+                 start: TorchState | None = None, before_build: Callable[[], None] | None = None) -> None:
         self._build = build
+        self._before_build = before_build  # a training tune's: every generator as at the first build
         self.device = torch.device(device)
         self.guard = StateGuard(start)  # torch's global state as the run started (default: now)
         self._model: nn.Module | None = self._fresh()
@@ -104,6 +105,8 @@ class ModelKeeper:
         return self._digest
 
     def _fresh(self) -> nn.Module:
+        if self._before_build is not None:
+            self._before_build()
         try:
             model = self._build()
         finally:

@@ -2,6 +2,7 @@
 `bf16_file_path`/`fp32_file_path`, and what they cost where they cannot express the plan (issue 41)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,10 +11,13 @@ from torch import nn
 
 import tuner
 from tuner.core.errors import ConfigError
+from tuner.core.inputs import ModelInputs
 from tuner.jobs.tune_call import _user_model
 from tuner.jobs.tune_run import tune_into_folder
 from tuner.policy.opnames import known_op_names
 from tuner.policy.plan import Plan
+from tuner.report.oplists import type_level
+from tuner.report.training_snippet import training_section
 
 LIST_FILES = ("hmp_ops_bf16.txt", "hmp_ops_fp32.txt", "lower_precision_ops.txt", "fp32_ops.txt")
 
@@ -134,6 +138,11 @@ def test_instance_plan_lists_say_which_types_they_cost(tmp_path):
     assert "cannot express this plan: it keeps `layer_norm` FP32 in some places" in md
     assert "points lost" in md and "tuner.convert(bf16_file_path=" in md
     assert "PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST" in md
+    report = json.loads((out / "report.json").read_text())
+    assert report["op_lists"]["exact"] is False and report["op_lists"]["mixed"] == ["layer_norm"]
+    # layer_norm has no matmul FLOPs and l2 stays in the lower list: FP32 everywhere costs no FLOP share here
+    assert report["op_lists"]["low_precision_flop_share"] == report["low_precision_flop_share"] > 0
+    assert "(0.0 points lost)" in md
 
 
 def test_granularity_is_an_enum_option_kept_in_the_journals_settings():
@@ -141,3 +150,16 @@ def test_granularity_is_an_enum_option_kept_in_the_journals_settings():
         tuner.TuneOptions(granularity="types")
     assert "granularity" not in tuner.TuneOptions().settings()  # journals from before it still resume
     assert tuner.TuneOptions(granularity="type").settings()["granularity"] == "type"
+
+
+def test_a_type_kept_fp32_in_one_place_costs_the_lists_its_share_everywhere():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+    plan = Plan(dtype="bf16", preset="hmp", fp32_instances=(("2", "linear", 0),))
+    lists = type_level(plan, model, ModelInputs.of((batches()[0],)))
+    assert lists.mixed == ("linear",) and not lists.exact
+    assert "linear" in lists.fp32 and "linear" not in lists.lower
+    assert lists.plan_shares.flop_share == 0.8 and lists.list_shares.flop_share == 0.0  # 16x64 of 16x64 + 64x4
+    assert lists.names("gaudi")[1] == sorted(set(lists.names("gaudi")[1]))
+    text = "\n".join(training_section(lists, Path("out")))
+    assert "0.0% of matmul/conv FLOPs in bf16 against the plan's" in text and "measured, not evaluated" in text

@@ -136,7 +136,7 @@ def test_instance_plan_lists_say_which_types_they_cost(tmp_path):
     assert "layer_norm" in (out / "hmp_ops_fp32.txt").read_text().split()  # the type, FP32 everywhere
     md = (out / "report.md").read_text()
     assert "cannot express this plan: it keeps `layer_norm` FP32 in some places" in md
-    assert "points lost" in md and "tuner.convert(bf16_file_path=" in md
+    assert "points lost" in md and "tuner.convert(bf16_file_path=" in md and "tune with `--for-training`" in md
     assert "PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST" in md
     report = json.loads((out / "report.json").read_text())
     assert report["op_lists"]["exact"] is False and report["op_lists"]["mixed"] == ["layer_norm"]
@@ -155,7 +155,7 @@ def test_granularity_is_an_enum_option_kept_in_the_journals_settings():
 def test_a_type_kept_fp32_in_one_place_costs_the_lists_its_share_everywhere():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
-    plan = Plan(dtype="bf16", preset="hmp", fp32_instances=(("2", "linear", 0),))
+    plan = Plan(dtype="bf16", preset="hmp", fp32_instances=(("2", "linear", 0),), for_training=True)
     lists = type_level(plan, model, ModelInputs.of((batches()[0],)))
     assert lists.mixed == ("linear",) and not lists.exact
     assert "linear" in lists.fp32 and "linear" not in lists.lower
@@ -163,3 +163,4 @@ def test_a_type_kept_fp32_in_one_place_costs_the_lists_its_share_everywhere():
     assert lists.names("gaudi")[1] == sorted(set(lists.names("gaudi")[1]))
     text = "\n".join(training_section(lists, Path("out")))
     assert "0.0% of matmul/conv FLOPs in bf16 against the plan's" in text and "measured, not evaluated" in text
+    assert text.startswith("Use it in the training loop")  # a plan tuned for training

@@ -60,7 +60,7 @@ def lists_plan(plan: Plan, types: frozenset[str]) -> Plan:
     lower = sorted(policy.lower - matched - types)
     fp32 = sorted(policy.fp32 | types)
     return Plan(dtype=plan.dtype, preset=plan.preset, lower=tuple(lower), fp32=tuple(fp32), modules=plan.modules,
-                model=plan.model)
+                model=plan.model, for_training=plan.for_training)
 
 
 def type_level(plan: Plan, model: nn.Module | None = None, inputs: ModelInputs | None = None) -> TypeLevel:

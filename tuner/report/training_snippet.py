@@ -15,7 +15,10 @@ def training_section(lists: TypeLevel | None, out: Path) -> list[str]:
         return []
     plan = lists.plan
     hmp_preset = "" if plan.preset == "hmp" else f', preset="{plan.preset}"'
-    lines = ["Use it in a training loop (FP32 weights; the plan around each forward and loss):", "", "```python",
+    head = ("Use it in the training loop (the FP32 weights are yours; the plan around each forward and loss):"
+            if plan.for_training else "Or run it as a context around each forward and loss (tuned for inference: "
+            "for a training loop, tune with `--for-training`):")
+    lines = [head, "", "```python",
              "import tuner", "", "for x, y in loader:",
              f'    with tuner.autocast("{out}", model=model):   # the plan as tuned, per op instance',
              "        loss = loss_fn(model(x), y)", "    loss.backward()", "    optimizer.step()",

@@ -35,8 +35,8 @@ README = ROOT / "README.md"
 # The pages whose commands run, in this order (every docs/*.md must be listed: test_every_docs_page_is_listed).
 DOCS = tuple(ROOT / name for name in (
     "README.md", "docs/model-file.md", "docs/metrics.md", "docs/hf.md", "docs/cli.md", "docs/ci.md",
-    "docs/python-api.md", "docs/distributed.md", "docs/presets.md", "docs/search.md", "docs/design.md",
-    "docs/limits.md", "docs/benchmarks.md", "docs/development.md"))
+    "docs/python-api.md", "docs/training.md", "docs/distributed.md", "docs/presets.md", "docs/search.md",
+    "docs/design.md", "docs/limits.md", "docs/benchmarks.md", "docs/development.md"))
 README_MAX_LINES = 150
 # Words about one build set-up that mean nothing to a user (issue 35).
 LOCAL_WORDS = ("this project's machines", "already on disk", "development VM")

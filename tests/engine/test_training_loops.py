@@ -12,7 +12,7 @@ from torch import nn
 import tuner
 from tuner.policy.plan import OpInstance, Plan
 
-STEPS = 12
+STEPS = 6
 
 
 def cnn() -> nn.Module:

@@ -203,6 +203,9 @@ def test_search_page_has_an_error_column_only_when_a_trial_raised(kept, tmp_path
     for t in run.result.trials:
         row = re.search(rf"<tr(?: class=\"chosen\")?><td>{t.n}</td>.*?</tr>", page).group(0)
         assert row.endswith(f"<td>{html.escape(t.error)}</td></tr>" if t.error else "<td></td></tr>"), row
+    # report.md's trials table says why a trial failed too (a fp16 LossScaler's StepsSkipped, issue 41)
+    assert "| fail: evaluate raised ValueError: expected float32 logits, got torch.bfloat16" in \
+        (run.out / "report.md").read_text()
 
 
 def test_the_score_column_says_what_it_measures_in_which_unit(kept):

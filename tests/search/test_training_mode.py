@@ -5,6 +5,8 @@ fp16 ops overflow fails with the scaler's reason; --resume skips finished traini
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +23,8 @@ from tuner.search.results import StopReason
 from tuner.search.session import tune
 from tuner.workspace.journal import Journal, RunFingerprint
 
-STEPS = 30
+STEPS = 12
+SKIPPED = 8  # LossScaler's max_skipped here (24 by default): fewer training steps per trial
 _G = torch.Generator().manual_seed(5)
 X = torch.randn(192, 16, generator=_G)
 Y = (X @ torch.randn(16, 4, generator=_G)).argmax(1)
@@ -64,7 +67,7 @@ class Trainer:
         self.initial.append({k: v.clone() for k, v in model.state_dict().items()})
         model.train()
         opt = torch.optim.SGD(model.parameters(), lr=0.05 + 0.0 * np.random.rand() * random.random(), momentum=0.9)
-        scaler = tuner.LossScaler("cpu") if self.scaler else None
+        scaler = tuner.LossScaler("cpu", max_skipped=SKIPPED) if self.scaler else None
         for _ in range(STEPS):
             idx = torch.randperm(128)[:32]
             with self.around_forward():
@@ -116,32 +119,47 @@ def test_a_training_run_writes_no_lowered_checkpoint_and_loads_on_fp32_weights(t
     assert all(p.dtype == torch.float32 for p in loaded.parameters())
 
 
-def test_fp16_trains_with_the_loss_scaler_and_a_plan_that_overflows_fails_with_its_reason():
-    torch.manual_seed(0)
+FP16 = TuneOptions(for_training=True, dtype="fp16", tolerance=0.2)
+
+
+def fp16_tune(trainer: Trainer, journal: Path | None = None, resume: bool = False) -> Any:
+    torch.manual_seed(1234)  # each run as a new process starts
+    return tune(Amplified, trainer, (X[:8],), FP16, journal=None if journal is None else
+                Journal(journal, RunFingerprint(source="s", weights="w"), resume=resume))
+
+
+@functools.cache
+def uninterrupted() -> tuple[Any, Trainer]:
     trainer = Trainer(scaler=True, gain=1e5)
-    result = tune(Amplified, trainer, (X[:8],), for_training=True, dtype="fp16", tolerance=0.2)
+    return fp16_tune(trainer), trainer
+
+
+def test_fp16_trains_with_the_loss_scaler_and_a_plan_that_overflows_fails_with_its_reason():
+    result, trainer = uninterrupted()
     all_low = result.trials[1]
-    assert all_low.metric is None and "skipped 24 optimizer steps in a row" in (all_low.error or "")
+    assert all_low.metric is None and f"skipped {SKIPPED} optimizer steps in a row" in (all_low.error or "")
     assert result.status == "ok" and any(t.passed and not t.baseline for t in result.trials)
     assert "first:linear#0" in {i.label() for i in result.plan.fp32_instances}  # where fp16 overflows
     assert trainer.dtypes == {torch.float32}  # FP32 master weights: GradScaler unscales FP32 gradients
 
 
 def test_a_resumed_training_tune_skips_the_finished_trials(tmp_path):
-    def run(trainer: Trainer, journal: Path, resume: bool = False) -> Any:
-        torch.manual_seed(1234)  # each run as a new process starts
-        return tune(Amplified, trainer, (X[:8],), TuneOptions(for_training=True, dtype="fp16", tolerance=0.2),
-                    journal=Journal(journal, RunFingerprint(source="s", weights="w"), resume=resume))
-
-    whole = Trainer(scaler=True, gain=1e5)
-    uninterrupted = run(whole, tmp_path / "whole.jsonl")
-    n, k = len(whole.starts), 3
+    whole, trainer = uninterrupted()
+    n, k = len(trainer.starts), 3
     assert n > k
     journal = tmp_path / "journal.jsonl"
-    assert run(Trainer(scaler=True, gain=1e5, stop=k), journal).stopped is StopReason.INTERRUPTED
+    assert fp16_tune(Trainer(scaler=True, gain=1e5, stop=k), journal).stopped is StopReason.INTERRUPTED
     resumed_trainer = Trainer(scaler=True, gain=1e5)
-    resumed = run(resumed_trainer, journal, resume=True)
+    resumed = fp16_tune(resumed_trainer, journal, resume=True)
     assert len(resumed_trainer.starts) == n - k
     assert [t.from_journal for t in resumed.trials] == [True] * k + [False] * (n - k)
-    assert [(t.label, t.metric) for t in resumed.trials] == [(t.label, t.metric) for t in uninterrupted.trials]
-    assert all(torch.equal(s, whole.starts[0]) for s in resumed_trainer.starts)  # the baseline's draws, journaled
+    assert [(t.label, t.metric) for t in resumed.trials] == [(t.label, t.metric) for t in whole.trials]
+    assert all(torch.equal(s, trainer.starts[0]) for s in resumed_trainer.starts)  # the baseline's draws, journaled
+
+
+def test_a_training_tune_cut_short_keeps_the_plan_confirmed_so_far():
+    trainer = Trainer(scaler=True, gain=1e5)
+    result = tune(Amplified, trainer, (X[:8],), dataclasses.replace(FP16, max_evals=4))
+    assert result.stopped is StopReason.MAX_EVALS and result.evals == len(trainer.starts) == 4
+    assert result.status == "not_met" and result.plan.for_training  # no plan passed yet: every candidate FP32
+    assert {i.label() for i in result.plan.fp32_instances} == {"first:linear#0", "second:linear#0", "(root):mul#0"}

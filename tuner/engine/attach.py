@@ -209,9 +209,11 @@ class autocast:
 
     def __enter__(self) -> autocast:
         if self.native:  # a torch.autocast of this entry's own: it keeps the state to put back on exit
-            # No weight cache: torch.autocast keeps its cast of each parameter until the outermost block exits,
-            # and a block opened around a training loop would train on the first step's weights (issue 41).
-            ctx = torch.autocast(self._native[0], dtype=self._native[1], cache_enabled=False)
+            # No weight cache where a block can train: torch.autocast keeps its cast of each parameter until the
+            # outermost block exits, so a block opened around a training loop would train on the first step's
+            # weights (issue 41). A block entered under no_grad (inference) keeps it, as before: without it a CPU
+            # TransformerEncoder forward there measured 2.5x slower (bf16, torch 2.13); a training step did not.
+            ctx = torch.autocast(self._native[0], dtype=self._native[1], cache_enabled=not torch.is_grad_enabled())
             ctx.__enter__()
             self._entered.stack.append(ctx)
             return self

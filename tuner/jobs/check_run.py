@@ -39,6 +39,7 @@ from tuner.policy.plan import Plan
 from tuner.report.checkpoint import load
 from tuner.report.metric_text import fmt_metric, metric_digits
 from tuner.search.noise import Acceptance, Baseline, measure_baseline
+from tuner.search.repeatable import drawing_alike, replaying
 from tuner.workspace.keeper import ModelKeeper
 from tuner.workspace.modelref import resolve_model_ref, resolve_plan_path
 
@@ -226,6 +227,9 @@ def _planned_metric(user: UserModel, keeper: ModelKeeper, plan: Plan, folder: Pa
             warnings.append(f"the model no longer calls {len(unused)} of the plan's FP32 op instance(s) on "
                             f"example_inputs ({', '.join(unused[:3])}{' ...' if len(unused) > 3 else ''}); "
                             "the plan may be stale")
+    if options.checkpoint and plan.for_training:
+        raise ConfigError(f"checkpoint: a training plan has no {CHECKPOINT_NAME} (its weights are the model's own, "
+                          "FP32); check it without --checkpoint", fields=("checkpoint",))
     if options.checkpoint and plan_file.name != PLAN_NAME:
         raise ConfigError(f"checkpoint: needs the tune output folder (with {PLAN_NAME} and {CHECKPOINT_NAME})",
                           fields=("checkpoint",))
@@ -235,7 +239,8 @@ def _planned_metric(user: UserModel, keeper: ModelKeeper, plan: Plan, folder: Pa
             return user.evaluate(tuned), warnings
         # the model as tuner.load builds it from the plan (and as the tune's trials ran it): the parameters the
         # checkpoint stores lowered held lowered
-        lowered = weight_dtypes(tuned, plan, example.to(options.device)) if example is not None else {}
+        lowered = weight_dtypes(tuned, plan, example.to(options.device)) \
+            if example is not None and not plan.for_training else {}  # a training plan's weights stay FP32
         with stored_as(tuned, lowered):
             attach(tuned, plan)
             return user.evaluate(tuned), warnings
@@ -265,7 +270,10 @@ def check_plan(options: CheckOptions | str | Path) -> CheckResult:
                          lower_is_better=bool(metrics.get("lower_is_better", False)), device=options.device)
     check_device(options.device, loaded.dtype)
     user = _check_model(model_file, specs, loaded, plan_file, options)
-    keeper = ModelKeeper(user.build, options.device)
+    if loaded.for_training and user.eval_fn is not None:  # as the tune's trials ran: the same model and draws
+        user = replace(user, eval_fn=drawing_alike(user.eval_fn))
+    keeper = ModelKeeper(user.build, options.device,
+                         before_build=replaying(user.build) if loaded.for_training else None)
     baseline = _fp32_baseline(user, keeper, loaded, folder)
     target = search.target(baseline.value)
     margin = max(_number(metrics.get("noise")) or 0.0, baseline.spread)

@@ -121,6 +121,8 @@ def _details(result: TuneResult, report: TuneReport) -> list[str]:
               "|---|---|---|---|---|"]
     for t in report.trials:
         outcome = "baseline" if t.baseline else "pass" if t.passed else "fail"
+        if t.error and not t.passed:  # why: evaluate raised (tuner.LossScaler's StepsSkipped...), or no number
+            outcome += f": {_cell(t.error)}"
         chosen = " **(chosen)**" if t.n == result.chosen else ""
         lines.append(f"| {t.n} | {_cell(t.label)}{chosen} | {fmt_metric(t.metric, d)} | {outcome} | "
                      f"{t.shares.short()} |")

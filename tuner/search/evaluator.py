@@ -189,7 +189,8 @@ class Evaluator:
             passed = baseline or (accept is not None and accept.confirms(metric))
             fed, signature = cached.get("fed"), cached.get("signature")
             self._replay_draws(cached.get("generators"))
-            if self.training and self._start is None and isinstance(cached.get("start"), dict):
+            if self.training and self._start is None and isinstance(cached.get("start"), dict) \
+                    and not self.ranks.distributed:  # (the journal holds rank 0's states only)
                 self._start = cached["start"]
             return self._record(Trial(n, label, fp32, metric, passed, float(cached["seconds"]), shares,
                                       cached.get("error"), True, baseline, kept,

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import inspect
 import json
@@ -174,6 +175,23 @@ def replaying(fn: Callable[..., Any] | None) -> Callable[[], None]:
     so trials differ only in precision."""
     states = generator_states(fn)
     return lambda: restore_generators(fn, states)
+
+
+def drawing_alike(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """`fn` (an evaluate) run with every generator it may draw from as its first call found it, in every call:
+    `mpt check` of a training plan trains its FP32 baseline and the plan on the same draws, as the tune's
+    trials did (`Evaluator` does the same for a training tune)."""
+    start: dict[str, Any] = {}
+
+    @functools.wraps(fn)
+    def alike(model: Any) -> Any:
+        if start:
+            restore_generators(fn, start)
+        else:
+            start.update(generator_states(fn))
+        return fn(model)
+
+    return alike
 
 
 class Draws:

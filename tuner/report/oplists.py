@@ -24,10 +24,11 @@ from tuner.policy.plan import Plan
 
 @dataclass(frozen=True)
 class TypeLevel:
-    """The chosen plan as op-type lists: `plan` (the preset with the lists replaced, and what every plan keeps
-    FP32), its `lower`/`fp32` lists in mpt's op names, the `mixed` op types the instance plan keeps FP32 in
-    one place and runs low in another, and the lower-precision shares of the instance plan and of the lists'
-    plan (equal when nothing is mixed). `shares` are None when there were no inputs to measure them on."""
+    """The chosen plan as op-type lists: `plan` (the preset with its lists replaced, the plan's module
+    overrides kept: lists cannot carry those either), its `lower`/`fp32` lists in mpt's op names, the `mixed`
+    op types the instance plan keeps FP32 in one place and runs low in another, and the lower-precision shares
+    of the instance plan and of the lists' plan (equal when nothing is mixed). The shares are None when there
+    were no inputs to measure them on."""
 
     plan: Plan
     lower: frozenset[str]

@@ -241,17 +241,28 @@ _GLOBAL: list[autocast] = []
 
 
 def convert(opt_level: str | None = None, lower_list_path: str | Path | None = "",
-            fp32_list_path: str | Path | None = "", verbose: bool = False, *,
-            dtype: str | torch.dtype = "bf16", preset: str | None = None) -> autocast:
+            fp32_list_path: str | Path | None = "", verbose: bool | Callable[[Decision], None] = False, *,
+            dtype: str | torch.dtype = "bf16", preset: str | None = None,
+            bf16_file_path: str | Path | None = None, fp32_file_path: str | Path | None = None) -> autocast:
     """Turn mixed precision on for the whole script, like `hmp.convert()`.
 
     opt_level None uses the `hmp` preset (Habana HMP's default lists); "O1"/"O2" use
     `hmp-o1`/`hmp-o2`; `preset` picks any other. `lower_list_path` and
-    `fp32_list_path` replace the lists (HMP's bf16_file_path/fp32_file_path).
+    `fp32_list_path` replace the lists; `bf16_file_path`/`fp32_file_path` are the same under HMP's own
+    names, so `hmp.convert(bf16_file_path=..., fp32_file_path=...)` runs here with `hmp` replaced by `tuner`
+    (the files `mpt tune` writes as hmp_ops_bf16.txt/hmp_ops_fp32.txt, or any in that format).
     Wrap optimizer steps in `tuner.disable_casts()`. Undo with `tuner.revert()`.
     A second `convert()` replaces the first. Returns the autocast context that is on.
-    Raises ConfigError for an unknown opt_level, preset, dtype or op-list file.
+    Raises ConfigError for an unknown opt_level, preset, dtype or op-list file, or a list given twice.
     """
+    both = [f"{hmp} and {ours}" for hmp, ours, a, b in (("bf16_file_path", "lower_list_path", bf16_file_path,
+                                                         lower_list_path),
+                                                        ("fp32_file_path", "fp32_list_path", fp32_file_path,
+                                                         fp32_list_path)) if a and b]
+    if both:
+        raise ConfigError(f"convert(): {', '.join(both)} name the same list; give one")
+    lower_list_path = bf16_file_path or lower_list_path
+    fp32_list_path = fp32_file_path or fp32_list_path
     if preset is None:
         levels = {None: "hmp", "O1": "hmp-o1", "O2": "hmp-o2"}
         key = opt_level.upper() if isinstance(opt_level, str) else opt_level

@@ -30,12 +30,14 @@ FROM_INPUTS = frozenset({Rule.PASSTHROUGH, Rule.FIRST_INPUT, Rule.PROMOTE})
 class PlanRecord:
     """What a recorded forward of a plan tells: its shares; per module, the dtypes its matmul/conv ops
     computed in (`claimed`) and those of its other ops (`tolerated`); the plan's FP32 overrides that change
-    nothing (`idle`: dropping them leaves every op's dtype, so every number above, as it is)."""
+    nothing (`idle`: dropping them leaves every op's dtype, so every number above, as it is); the op types
+    that computed in the lower precision somewhere (`low_ops`: what op-type lists must keep low)."""
 
     shares: Shares
     claimed: Mapping[str, frozenset[torch.dtype]] = field(default_factory=dict)
     tolerated: Mapping[str, frozenset[torch.dtype]] = field(default_factory=dict)
     idle: frozenset[OpInstance] = frozenset()
+    low_ops: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if not isinstance(self.shares, Shares):
@@ -55,12 +57,15 @@ def record_plan(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> Pl
     policy = plan.policy()
     wanted = set(plan.fp32_instances)
     idle: set[OpInstance] = set()
+    low_ops: set[str] = set()
 
     def record(d: Decision, func: Any, args: tuple, kwargs: dict, out: Any, *raw: Any) -> None:
         counter.add(d, args, kwargs, out)
         if d.ran is not None:  # a matmul's claim is what its kernel computed in (`Decision.kernel`)
             gemm = d.op in MATMUL_OPS or d.op in RNN_OPS
             (claimed if gemm else tolerated).setdefault(d.module, set()).add(d.ran)
+        if d.lowered:
+            low_ops.add(d.op)
         inst = OpInstance(d.module, d.op, d.index)
         if inst in wanted and policy.lookup(d.op)[0] in FROM_INPUTS and inputs_all_fp32(d):
             idle.add(inst)
@@ -70,4 +75,4 @@ def record_plan(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> Pl
                                           instance_overrides=plan.instance_overrides()):
         ModelInputs.of(inputs).call(model)
     return PlanRecord(counter.shares, {k: frozenset(v) for k, v in claimed.items()},
-                      {k: frozenset(v) for k, v in tolerated.items()}, frozenset(idle))
+                      {k: frozenset(v) for k, v in tolerated.items()}, frozenset(idle), frozenset(low_ops))

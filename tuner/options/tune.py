@@ -22,7 +22,7 @@ from tuner.options.shared import (
     tolerance_rule,
 )
 
-__all__ = ["TuneOptions", "RankMethod", "MIN_MAX_EVALS"]
+__all__ = ["TuneOptions", "RankMethod", "Granularity", "MIN_MAX_EVALS"]
 
 MIN_MAX_EVALS = 2  # the baseline (once: tuner.search.noise) + one trial
 
@@ -32,6 +32,13 @@ class RankMethod(str, enum.Enum):
 
     GRADIENT = "gradient"  # one forward with every op's low-precision error, plus a few backward passes
     EXACT = "exact"  # one forward per op instance
+
+
+class Granularity(str, enum.Enum):
+    """What one search decision covers."""
+
+    INSTANCE = "instance"  # one op call site (module, op, call index): the finest plan
+    TYPE = "type"  # every call of one op type: a plan op-type lists (HMP, Gaudi autocast) express as it is
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,10 @@ class TuneOptions(Options):
                        "op's low-precision error plus a few backward passes (first-order damage to the output); "
                        "exact = one forward per op instance (slower; catches saturation effects).", Kind.CHOICE,
                        choices=tuple(m.value for m in RankMethod))
+    granularity: str = option("instance", "What the search decides about: instance = each op call site; type = "
+                              "each op type, every instance of a type in one dtype (a plan the op-type list files, "
+                              "HMP's and Gaudi autocast's, express as it is).", Kind.CHOICE,
+                              choices=tuple(g.value for g in Granularity))
 
     metric: str | None = option(None, "Built-in fidelity metric against the FP32 model's outputs on calibration "
                                 "batches (--data, calibration_batches() or a list from example_inputs()), used "
@@ -122,6 +133,8 @@ class TuneOptions(Options):
         """What decides trial outcomes: a journal made with other settings cannot be resumed."""
         settings = {"dtype": self.dtype, "preset": self.preset, "tolerance": self.tolerance, "absolute": self.absolute,
                     "lower_is_better": self.lower_is_better, "device": self.device}
+        if self.granularity != Granularity.INSTANCE.value:  # absent by default: older journals still resume
+            settings["granularity"] = self.granularity
         if self.for_training:  # absent otherwise: journals from before training mode still resume
             settings["for_training"] = True
         # how the search goes decides which trials run and which plan is chosen: a resumed run cannot mix two

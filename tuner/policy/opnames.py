@@ -54,6 +54,22 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "rnn_relu_cell": ("linear",),
 }
 
+# How HMP and the Gaudi bridge name the ops whose names differ from mpt's (`tool_op_name`): HMP's lists name the
+# Python functions it wraps (`F.cross_entropy`), Gaudi's the ATen ops torch.autocast registers
+# (`cross_entropy_loss`, `feature_dropout` for dropout1d/2d/3d). mpt reads either spelling (ALIASES).
+TOOL_NAMES: dict[str, dict[str, str]] = {
+    "hmp": {"cross_entropy_loss": "cross_entropy", "nll_loss_nd": "nll_loss", "true_divide": "truediv",
+            "__matmul__": "matmul"},
+    "gaudi": {"cross_entropy": "cross_entropy_loss", "nll_loss_nd": "nll_loss", "dropout1d": "feature_dropout",
+              "dropout2d": "feature_dropout", "dropout3d": "feature_dropout", "__matmul__": "matmul"},
+}
+
+
+def tool_op_name(name: str, tool: str) -> str:
+    """`name` as `tool`'s list files spell it ("hmp" or "gaudi"); KeyError for another tool."""
+    return TOOL_NAMES[tool].get(name, name)
+
+
 # ATen composites that torch.autocast never sees whole: a list that does not name them itself gives them the rule of
 # the op in ALIASES that they run their matmuls through (`linear`), and torch.autocast lowers only those calls
 # inside them, the gate arithmetic running in whatever dtypes the lowered matmuls and the FP32 hidden state give

@@ -49,7 +49,18 @@ def report_dict(result: TuneResult, report: TuneReport) -> dict[str, Any]:
         "plan": plan.to_dict(),
         "trials": [_trial(t) for t in report.trials],
         "execution": _execution(report.execution),
+        "op_lists": _op_lists(report),
     }
+
+
+def _op_lists(report: TuneReport) -> dict[str, Any] | None:
+    """The list files' plan: the op types it keeps FP32 everywhere though the plan runs them low somewhere
+    (`mixed`), and its measured lower-precision FLOP share (not evaluated); None when not measured."""
+    lists = report.lists
+    if lists is None:
+        return None
+    share = lists.list_shares.flop_share if lists.list_shares is not None else None
+    return {"exact": lists.exact, "mixed": list(lists.mixed), "low_precision_flop_share": share}
 
 
 def _trial(t: Trial) -> dict[str, Any]:

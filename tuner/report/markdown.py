@@ -12,6 +12,7 @@ from tuner.policy.plan import ModelRef
 from tuner.report.metric_text import fmt_metric
 from tuner.report.outcome import TuneReport
 from tuner.report.reasons import fp32_reasons, run_facts, score_header, score_note
+from tuner.report.training_snippet import training_section
 from tuner.report.verdict import plan_share, run_digits
 from tuner.search.results import TuneResult, TuneStatus
 
@@ -51,7 +52,8 @@ def report_markdown(result: TuneResult, report: TuneReport, out: Path) -> str:
     lines.append(f"| run | {facts.created}, {facts.time_text()} |")
     lines += ["", *[f"> warning: {w}" for w in report.warnings], *([""] if report.warnings else []),
               *_details(result, report),
-              "Load the tuned model:", "", "```python", *_load_snippet(report, out), "```", ""]
+              "Load the tuned model:", "", "```python", *_load_snippet(report, out), "```", "",
+              *training_section(report.lists, out)]
     return "\n".join(lines)
 
 

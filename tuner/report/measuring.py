@@ -22,6 +22,7 @@ from tuner.measure.deployed import Holding, stored_as
 from tuner.policy.plan import ModelRef, Plan
 from tuner.report.checkpoint import plan_pass, verify_plan_pass
 from tuner.report.latency import MIN_FORWARDS, Latency, TooSlowToTime, compare_latency
+from tuner.report.oplists import type_level
 from tuner.report.outcome import TuneReport
 from tuner.search.results import TuneResult, TuneStatus
 
@@ -49,8 +50,9 @@ def measure_report(result: TuneResult, model: nn.Module, *, model_ref: ModelRef 
     trials = tuple(dataclasses.replace(t, shares=planned.shares) if t.n == result.chosen else t
                    for t in result.trials)
     execution = _execution(model, plan)
+    lists = type_level(plan, model, inputs)  # the list files' plan, and what it costs where it is not this one
     return TuneReport(plan=plan, shares=planned.shares, trials=trials, latency=timing, execution=execution,
-                      warnings=tuple(warnings), lowered=planned.lowered, seconds=time.monotonic() - t0,
+                      warnings=tuple(warnings), lowered=planned.lowered, seconds=time.monotonic() - t0, lists=lists,
                       created=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
 
 

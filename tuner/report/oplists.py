@@ -1,41 +1,78 @@
-"""lower_precision_ops.txt and fp32_ops.txt: the chosen plan as op-type lists (the format HMP and Gaudi read)."""
+"""The chosen plan as the op-type lists other tools take as they are: HMP's `bf16_file_path`/`fp32_file_path`
+files and Gaudi autocast's `PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST`/`PT_HPU_AUTOCAST_FP32_OPS_LIST` files.
+
+Both tools read one op name per line and nothing else (HMP: `file.read().splitlines()`; the Gaudi bridge:
+every `getline` is an op name), so the files hold no comment, and a list given replaces the tool's default
+one: each file is the whole list, the preset's lists with the plan's changes. An op type goes to the FP32
+list when the plan keeps any instance of it in FP32. Where the plan keeps one instance of a type FP32 and
+runs another low, the lists cannot say so: they keep the type FP32 everywhere, and `TypeLevel` says which
+types that cost and how much of the plan's lower-precision share (measured by one recorded forward of the
+lists' plan, `type_level`). `mpt tune --granularity type` tunes a plan the lists express as it is.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.core.output_files import PLAN_NAME
-from tuner.policy.rules import Rule
-from tuner.search.results import TuneResult
+from torch import nn
+
+from tuner.core.inputs import ModelInputs
+from tuner.measure.recorded import record_plan
+from tuner.measure.shares import Shares
+from tuner.policy.opnames import lookup_names, tool_op_name
+from tuner.policy.plan import Plan
 
 
 @dataclass(frozen=True)
-class OpList:
-    """One op-type list file: its op names and the comment header above them."""
+class TypeLevel:
+    """The chosen plan as op-type lists: `plan` (the preset with its lists replaced, the plan's module
+    overrides kept: lists cannot carry those either), its `lower`/`fp32` lists in mpt's op names, the `mixed`
+    op types the instance plan keeps FP32 in one place and runs low in another, and the lower-precision shares
+    of the instance plan and of the lists' plan (equal when nothing is mixed). The shares are None when there
+    were no inputs to measure them on."""
 
-    ops: frozenset[str]
-    header: str
+    plan: Plan
+    lower: frozenset[str]
+    fp32: frozenset[str]
+    mixed: tuple[str, ...] = ()
+    plan_shares: Shares | None = None
+    list_shares: Shares | None = None
+
+    @property
+    def exact(self) -> bool:
+        """The lists express the instance plan as it is."""
+        return not self.mixed
+
+    def names(self, tool: str) -> tuple[list[str], list[str]]:
+        """(lower list, FP32 list) as `tool` ("hmp" or "gaudi") names the ops, sorted."""
+        return (sorted({tool_op_name(n, tool) for n in self.lower}),
+                sorted({tool_op_name(n, tool) for n in self.fp32}))
 
 
-def op_lists(result: TuneResult) -> tuple[OpList, OpList]:
-    """(lower-precision list, FP32 list) of `result`'s plan, each with its header."""
-    lower, fp32 = op_type_lists(result)
-    plan = result.plan
-    n_inst = len(plan.fp32_instances)
-    note = (f"{n_inst} op instance(s) fall back to FP32 individually; {PLAN_NAME} has them "
-            "(op-type lists cannot express single instances)") if n_inst else ""
-    return (OpList(frozenset(lower), f"mpt tune: ops that run in {plan.dtype} (preset {plan.preset})\n{note}".strip()),
-            OpList(frozenset(fp32), f"mpt tune: ops that run in FP32 (preset {plan.preset})"))
+def list_text(names: list[str]) -> str:
+    """A list file's text: one name per line, nothing else (what HMP and the Gaudi bridge read)."""
+    return "".join(f"{n}\n" for n in names)
 
 
-def op_type_lists(result: TuneResult) -> tuple[set[str], set[str]]:
-    """Op types for HMP/Gaudi-style lists: a type goes to FP32 only when all its instances fell back."""
-    policy = result.plan.policy()
-    fp32_inst = {i.key() for i in result.plan.fp32_instances}
-    by_type: dict[str, list[bool]] = {}
-    for c in result.candidates:
-        by_type.setdefault(c.op, []).append(c.key() in fp32_inst)
-    all_back = {op for op, flags in by_type.items() if flags and all(flags)}
-    lower = (set(policy.lower) - all_back) | {op for op, flags in by_type.items()
-                                               if not all(flags) and policy.rule_for(op)[0] is Rule.LOWER}
-    fp32 = set(policy.fp32) | (all_back & (set(policy.lower) | set(by_type)))
-    return lower - fp32, fp32
+def lists_plan(plan: Plan, types: frozenset[str]) -> Plan:
+    """`plan` with its instance overrides replaced by whole-list changes: each op type in `types` moved to the
+    FP32 list (and the lower-list name it matched, through an alias or itself, out of the lower list)."""
+    policy = plan.policy()
+    matched = {name for t in types for name in lookup_names(t) if name in policy.lower}
+    lower = sorted(policy.lower - matched - types)
+    fp32 = sorted(policy.fp32 | types)
+    return Plan(dtype=plan.dtype, preset=plan.preset, lower=tuple(lower), fp32=tuple(fp32), modules=plan.modules,
+                model=plan.model, for_training=plan.for_training)
+
+
+def type_level(plan: Plan, model: nn.Module | None = None, inputs: ModelInputs | None = None) -> TypeLevel:
+    """The plan as op-type lists; with `model` and `inputs`, which types the lists cost and how much share,
+    from one recorded forward of each plan (no grad; the model is left as it was)."""
+    types = frozenset(i.op for i in plan.fp32_instances)
+    listed = lists_plan(plan, types)
+    policy = listed.policy()
+    if model is None or inputs is None or not (inputs.args or inputs.kwargs):
+        return TypeLevel(listed, policy.lower, policy.fp32)
+    own = record_plan(model, plan, inputs)
+    mixed = tuple(sorted(types & own.low_ops))
+    shares = own.shares if not mixed else record_plan(model, listed, inputs).shares
+    return TypeLevel(listed, policy.lower, policy.fp32, mixed, own.shares, shares)

@@ -19,6 +19,7 @@ from tuner.measure.shares import Shares
 from tuner.policy.plan import Plan
 from tuner.report.checkpoint import CheckpointInfo
 from tuner.report.latency import Latency
+from tuner.report.oplists import TypeLevel
 from tuner.search.results import Trial
 
 
@@ -34,7 +35,8 @@ class TuneReport:
     tuned model raised (a warning says why). `warnings` are the result's and
     the measuring step's. `lowered` names the parameters the checkpoint stores
     in the lower dtype. `checkpoint` is None until the writer saved it.
-    `seconds` is the time spent measuring and writing the outputs. `created` is when
+    `lists` is the plan as op-type lists (the list files), with the types they cost where they cannot
+    express it. `seconds` is the time spent measuring and writing the outputs. `created` is when
     it was measured (UTC, ISO 8601): report.json states it; plan.yaml carries no time,
     so a re-tune with the same result rewrites it byte for byte.
     """
@@ -49,6 +51,7 @@ class TuneReport:
     seconds: float = 0.0
     checkpoint: CheckpointInfo | None = None
     created: str = ""
+    lists: TypeLevel | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "trials", tuple(self.trials))

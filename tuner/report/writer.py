@@ -31,6 +31,8 @@ from tuner.core.output_files import (
     CHECKPOINT_NAME,
     COMMITTED,
     FP32_OPS_NAME,
+    HMP_BF16_NAME,
+    HMP_FP32_NAME,
     LOWER_OPS_NAME,
     MANIFEST_NAME,
     PLAN_NAME,
@@ -41,11 +43,10 @@ from tuner.core.output_files import (
     STAGING_NAME,
 )
 from tuner.measure.deployed import Holding, stored_as
-from tuner.policy.presets import write_op_list
 from tuner.report.checkpoint import CheckpointInfo, save_checkpoint
 from tuner.report.json_report import report_json
 from tuner.report.markdown import report_markdown
-from tuner.report.oplists import op_lists
+from tuner.report.oplists import list_text, type_level
 from tuner.report.outcome import TuneReport
 from tuner.report.search_page import search_page
 from tuner.report.sharded import SavedShards
@@ -123,10 +124,12 @@ def _write_staged(result: TuneResult, report: TuneReport, stage: Path, out: Path
                   model: nn.Module, shards: SavedShards | None, hold: Holding) -> TuneReport:
     """Every committed file into `stage`, in the committed order; OSError -> OutputError naming the file."""
     t0 = time.monotonic()
-    lower, fp32 = op_lists(result)
-    for name, ops in ((LOWER_OPS_NAME, lower), (FP32_OPS_NAME, fp32)):
+    lists = report.lists or type_level(result.plan)
+    (hmp_lower, hmp_fp32), (gaudi_lower, gaudi_fp32) = lists.names("hmp"), lists.names("gaudi")
+    for name, ops in ((LOWER_OPS_NAME, gaudi_lower), (FP32_OPS_NAME, gaudi_fp32), (HMP_BF16_NAME, hmp_lower),
+                      (HMP_FP32_NAME, hmp_fp32)):
         with _writing(out, name):
-            write_op_list(stage / name, ops.ops, header=ops.header)
+            atomic_write_text(stage / name, list_text(ops))
     if shards is not None:
         with _writing(out, SHARDED_CHECKPOINT_NAME):
             digest = shards.move_into(stage)

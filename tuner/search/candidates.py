@@ -67,6 +67,14 @@ class Candidates:
             groups.setdefault(cand.module, []).append(i)
         return [tuple(g) for g in groups.values()]
 
+    def type_units(self) -> list[tuple[int, ...]]:
+        """Candidate indices grouped by op type, in the order types are first called (`--granularity type`):
+        a unit kept FP32 is a type in the FP32 list."""
+        groups: dict[str, list[int]] = {}
+        for i, cand in enumerate(self.instances):
+            groups.setdefault(cand.op, []).append(i)
+        return [tuple(g) for g in groups.values()]
+
     def pick(self, indices: frozenset[int]) -> frozenset[OpInstance]:
         return frozenset(self.instances[i] for i in indices)
 

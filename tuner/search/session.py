@@ -31,7 +31,7 @@ from tuner.engine.probe import AutocastFixes, autocast_fixes
 from tuner.measure.ranges import RangeReason, RangeRecorder, beyond_range, follow_chains, record_ranges
 from tuner.measure.ranking import rank_exact, rank_gradient
 from tuner.measure.recorded import PlanRecord, record_plan
-from tuner.options.tune import RankMethod, TuneOptions
+from tuner.options.tune import Granularity, RankMethod, TuneOptions
 from tuner.policy.plan import OpInstance
 from tuner.policy.presets import load_preset
 from tuner.search.budget import FULL, MAX_PROBES, AidLimits, aid_limits
@@ -393,13 +393,16 @@ class TuneSession:
                low: LowForward | None, limits: AidLimits = FULL
                ) -> tuple[frozenset[OpInstance] | None, StopReason | None]:
         """PrecisionSearch over units (every candidate one module's own code calls: what a loaded plan can run
-        in FP32 without Python per op, `tuner.engine.native`); its chosen FP32 set and why it stopped early.
-        What the range rule kept is FP32 in every plan tried, and its plan (the rest low) is the first trial."""
-        # a unit is what a loaded plan can run FP32 (`tuner.engine.native`): what the range rule kept takes its
-        # whole unit, or the plan tried would claim one call FP32 beside a sibling its module runs FP32 too
+        in FP32 without Python per op, `tuner.engine.native`; with `granularity: type`, every candidate of one op
+        type); its chosen FP32 set and why it stopped early. What the range rule kept is FP32 in every plan
+        tried, and its plan (the rest low) is the first trial."""
+        every = found.type_units() if self.options.granularity == Granularity.TYPE.value else found.units()
+        # a unit is what a loaded plan can run FP32 (`tuner.engine.native`; a type for the op lists): what the
+        # range rule kept takes its whole unit, or the plan tried would claim one call FP32 beside a sibling its
+        # module runs FP32 too
         kept = {i for i, c in enumerate(found.instances) if c in self.range_kept}
-        fixed = frozenset(i for unit in found.units() if kept.intersection(unit) for i in unit)
-        units = [unit for unit in found.units() if not fixed.intersection(unit)]
+        fixed = frozenset(i for unit in every if kept.intersection(unit) for i in unit)
+        units = [unit for unit in every if not fixed.intersection(unit)]
         spare = 2 - min(2, len(trials.base.samples))  # evaluations a settled one-run baseline left unspent
         search = PrecisionSearch([math.sqrt(sum(scores[found.instances[i]] ** 2 for i in u)) for u in units],
                                  lambda picked: trials.probe(fixed | {i for n in picked for i in units[n]}, scores),

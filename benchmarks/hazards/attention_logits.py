@@ -4,7 +4,7 @@ scores matmul stays FP32; the projections and the value matmul run in fp16. Metr
 per-token classifier with FP32 over 8 sequences of 16 tokens (discrete).
 """
 import torch
-from _shared import init, metric, randn
+from _hazard_common import init, metric, randn
 from torch import nn
 
 TUNE = {"dtype": "fp16", "tolerance": 0.02, "absolute": True}

@@ -1,7 +1,7 @@
 """Control: a small well-scaled MLP classifier where every op runs fine in bf16 (all-low passes: the right
 answer is 100% of FLOPs low in 2 evaluations). Metric: top-1 agreement with FP32 on 128 samples (discrete).
 """
-from _shared import init, metric, randn
+from _hazard_common import init, metric, randn
 from torch import nn
 
 TUNE = {"dtype": "bf16", "tolerance": 0.02, "absolute": True}

@@ -6,7 +6,7 @@ logits relative to FP32's mean |logit| (lower is better).
 """
 import torch
 import transformers
-from _shared import metric
+from _hazard_common import metric
 from torch import nn
 
 TUNE = {"dtype": "bf16", "tolerance": 0.002, "absolute": True, "lower_is_better": True}

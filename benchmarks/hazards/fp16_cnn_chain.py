@@ -3,7 +3,7 @@ of the FLOPs, which casts that FP32 output to fp16 itself and overflows: both st
 head after them can run in fp16. Metric: top-1 agreement with FP32 on 64 images (discrete).
 """
 import torch
-from _shared import init, metric, randn
+from _hazard_common import init, metric, randn
 from torch import nn
 
 TUNE = {"dtype": "fp16", "tolerance": 0.02, "absolute": True}

@@ -4,7 +4,7 @@ Keeping `up` FP32 is not enough: `down` casts up's FP32 output to fp16 itself an
 FP32; the six layers around them run fine in fp16. Metric: mean cosine similarity to FP32 on 64 samples.
 """
 import torch
-from _shared import init, metric, randn
+from _hazard_common import init, metric, randn
 from torch import nn
 
 TUNE = {"dtype": "fp16", "tolerance": 1e-3}

@@ -5,7 +5,7 @@ FLOPs) or its producer stays FP32; the encoder, the projection and the head can 
 absolute error relative to FP32's mean |output| (lower is better).
 """
 import torch
-from _shared import init, metric, randn
+from _hazard_common import init, metric, randn
 from torch import nn
 
 TUNE = {"dtype": "bf16", "tolerance": 0.01, "absolute": True, "lower_is_better": True}

@@ -4,7 +4,7 @@ through another expert. The router stays FP32; the experts and the head run in b
 agreement of the classifier with FP32 over 256 tokens (discrete).
 """
 import torch
-from _shared import init, metric, randn
+from _hazard_common import init, metric, randn
 from torch import nn
 
 TUNE = {"dtype": "bf16", "tolerance": 0.02, "absolute": True}

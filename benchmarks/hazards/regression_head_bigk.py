@@ -5,7 +5,7 @@ head's weights (~0.2% each) moves it by ~20%. The features are small integers (b
 in bf16. Metric: mean absolute error relative to FP32's mean |prediction| (lower is better, 0 = FP32).
 """
 import torch
-from _shared import generator, metric
+from _hazard_common import generator, metric
 from torch import nn
 
 TUNE = {"dtype": "bf16", "tolerance": 0.02, "absolute": True, "lower_is_better": True}

@@ -3,7 +3,7 @@
 Keeping `proj` FP32 makes the norm compute in FP32. Metric: mean cosine to FP32.
 """
 import torch
-from _shared import init, metric, randn
+from _hazard_common import init, metric, randn
 from torch import nn
 
 TUNE = {"dtype": "fp16", "tolerance": 1e-3}

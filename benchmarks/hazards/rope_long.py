@@ -4,7 +4,7 @@ matmul with autocast disabled; here it is a candidate like any other. The angle 
 projections run in bf16. Metric: mean cosine to FP32 over the sequence.
 """
 import torch
-from _shared import init, metric, randn
+from _hazard_common import init, metric, randn
 from torch import nn
 
 TUNE = {"dtype": "bf16", "tolerance": 1e-3}

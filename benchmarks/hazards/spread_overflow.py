@@ -3,7 +3,7 @@ scale up past 65504 and a fixed FP32 factor brings each back, so each of those m
 no two are neighbours. 12 units: the best known plan is the best of the heuristics. Metric: mean cosine.
 """
 import torch
-from _shared import init, metric, randn
+from _hazard_common import init, metric, randn
 from torch import nn
 
 TUNE = {"dtype": "fp16", "tolerance": 1e-3}

@@ -4,7 +4,7 @@ signal; the other nine are harmless. 12 units: the best known plan is the best o
 cosine to FP32.
 """
 import torch
-from _shared import init, metric, randn
+from _hazard_common import init, metric, randn
 from torch import nn
 
 TUNE = {"dtype": "bf16", "tolerance": 1e-3}

@@ -3,7 +3,7 @@ T5's `wo` in FP32 with `_keep_in_fp32_modules`); the residual add and the RMSNor
 Two blocks, attention-free; only `wo` of the second block overflows. Metric: mean cosine to FP32.
 """
 import torch
-from _shared import init, metric, randn
+from _hazard_common import init, metric, randn
 from torch import nn
 
 TUNE = {"dtype": "fp16", "tolerance": 1e-3}

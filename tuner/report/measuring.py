@@ -42,6 +42,9 @@ def measure_report(result: TuneResult, model: nn.Module, *, model_ref: ModelRef 
     t0 = time.monotonic()
     inputs = ModelInputs() if result.inputs is None else ModelInputs.of(result.inputs)
     planned = plan_pass(model, result.plan, inputs, lowered=result.lowered, recorded=result.recorded)
+    # the list files' plan, and what it costs where it is not this one: recorded while the model holds its FP32
+    # weights (the verify below may leave them held lowered, which a recorded forward of another plan cannot run)
+    lists = type_level(result.plan, model, inputs)
     warnings = list(result.warnings)
     timing = _latency(model, result, inputs, device, warnings, decide) if latency else None
     verify_plan_pass(model, result.plan, inputs, planned, hold=hold)  # what the report claims is what ran, and loads
@@ -50,7 +53,6 @@ def measure_report(result: TuneResult, model: nn.Module, *, model_ref: ModelRef 
     trials = tuple(dataclasses.replace(t, shares=planned.shares) if t.n == result.chosen else t
                    for t in result.trials)
     execution = _execution(model, plan)
-    lists = type_level(plan, model, inputs)  # the list files' plan, and what it costs where it is not this one
     return TuneReport(plan=plan, shares=planned.shares, trials=trials, latency=timing, execution=execution,
                       warnings=tuple(warnings), lowered=planned.lowered, seconds=time.monotonic() - t0, lists=lists,
                       created=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))

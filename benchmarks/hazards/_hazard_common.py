@@ -1,7 +1,7 @@
 """Shared code of the hazard model files (benchmarks/hazard_zoo.py): seeding and the metrics against FP32.
 
 Not a model file (the leading underscore): mpt puts a model file's folder on sys.path while it imports it, so
-the hazard files import this as `_shared`. Each hazard file is a plain mpt model file (build_model, evaluate,
+the hazard files import this as `_hazard_common` (not `_shared`: the zoo's helper module has that name, and one process may import both). Each hazard file is a plain mpt model file (build_model, evaluate,
 example_inputs) plus the settings the harness tunes it with: `TUNE` (tuner.tune's keywords: dtype, tolerance,
 absolute, lower_is_better) and `SPLIT` ("design" or "heldout", see hazard_zoo.py).
 

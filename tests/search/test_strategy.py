@@ -143,3 +143,23 @@ def test_a_rescue_the_caller_stops_keeps_the_plan_it_confirmed():
                           all_low_failed=True, all_low_drop=math.inf, guide=guide).run()
     assert out.stopped == "max evals" and out.evals == 3
     assert out.fp32 == evals[-1] and need in out.fp32 and len(out.fp32) < 6  # the last one confirmed: {3, 4, 5}
+
+
+def test_the_rescue_spends_nothing_where_failed_trials_prove_every_lowerable_unit_needed():
+    """An LSTM-like model where only all FP32 passes: lowering back tried units 0 and 2 alone and both failed
+    (each is needed), and unit 1 holds under 1% of the cost. No plan the rescue could try is worth a trial:
+    it spends none of the probe left (the gauntlet's LSTM tasks stay at their evaluations)."""
+    from tuner.search.guide import Guide
+
+    tested = []
+
+    def test(fp32):
+        tested.append(fp32)
+        return Probe(len(fp32) == 3, 0.0 if len(fp32) == 3 else 2.0)
+
+    guide = Guide(lambda fp32: 0.01 * (3 - len(fp32)) + (0.0 if len(fp32) == 3 else 1.0))
+    search = PrecisionSearch([3.0, 2.0, 1.0], test, costs=[100.0, 1.0, 10.0], all_low_failed=True,
+                             all_low_drop=2.0, guide=guide, extra_probes=2)
+    out = search.run()
+    assert out.fp32 == frozenset({0, 1, 2}) and search._left() == 1
+    assert sorted(map(sorted, tested)) == [[0, 1], [0, 1, 2], [1, 2]]

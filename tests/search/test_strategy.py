@@ -98,3 +98,68 @@ def test_an_overflow_chain_ranked_last_does_not_end_all_fp32_with_probes_left():
     out = PrecisionSearch(scores, test, all_low_failed=True, all_low_drop=math.inf, guide=guide).run()
     assert out.fp32 is not None and len(out.fp32) < len(scores)
     assert need <= out.fp32
+
+
+def test_a_misranked_heavy_unit_does_not_end_all_fp32_with_probes_left():
+    """A CNN-like fp16 chain: unit 5 holds most of the cost and must stay FP32 (every plan lowering it
+    overflows), the ranking put it last, and each other unit holds under 1% of the cost. The cut lands on all
+    FP32, lowering back weighs only unit 5 (the others are too light alone) and cannot lower it: the probes
+    left bisect over the units the ranking put last, first, and find the plan with only unit 5 FP32."""
+    from tuner.search.guide import Guide
+
+    need = 5
+    scores, costs = [1.8, 1.1, 0.51, 0.44, 0.36, 1e-9], [1.0] * 5 + [100.0]
+    tested = []
+
+    def test(fp32):
+        tested.append(fp32)
+        return Probe(need in fp32, 0.5 if need in fp32 else math.inf)
+
+    guide = Guide(lambda fp32: 0.001 * (6 - len(fp32)) if need in fp32 else math.inf)
+    search = PrecisionSearch(scores, test, costs=costs, all_low_failed=True, all_low_drop=math.inf, guide=guide)
+    out = search.run()
+    assert out.fp32 == frozenset({need})
+    assert out.evals == len(tested) <= search.budget  # within the bound, and no overflowing plan evaluated
+    assert all(need in fp32 for fp32 in tested)
+    assert any("bisection" in note for note in out.notes)
+
+
+def test_a_rescue_the_caller_stops_keeps_the_plan_it_confirmed():
+    """The same model under a bound of the caller (--max-evals) that allows one evaluation after the all-FP32
+    trial: the rescue's probe is cut short and the confirmed all-FP32 plan stays, never an unconfirmed one."""
+    from tuner.search.guide import Guide
+    from tuner.search.strategy import SearchStopped
+
+    need, evals = 5, []
+
+    def test(fp32):
+        if len(evals) == 2:
+            raise SearchStopped("max evals")
+        evals.append(fp32)
+        return Probe(need in fp32)
+
+    guide = Guide(lambda fp32: 0.001 if need in fp32 else math.inf)
+    out = PrecisionSearch([1.8, 1.1, 0.51, 0.44, 0.36, 1e-9], test, costs=[1.0] * 5 + [100.0],
+                          all_low_failed=True, all_low_drop=math.inf, guide=guide).run()
+    assert out.stopped == "max evals" and out.evals == 3
+    assert out.fp32 == evals[-1] and need in out.fp32 and len(out.fp32) < 6  # the last one confirmed: {3, 4, 5}
+
+
+def test_the_rescue_spends_nothing_where_failed_trials_prove_every_lowerable_unit_needed():
+    """An LSTM-like model where only all FP32 passes: lowering back tried units 0 and 2 alone and both failed
+    (each is needed), and unit 1 holds under 1% of the cost. No plan the rescue could try is worth a trial:
+    it spends none of the probe left (the gauntlet's LSTM tasks stay at their evaluations)."""
+    from tuner.search.guide import Guide
+
+    tested = []
+
+    def test(fp32):
+        tested.append(fp32)
+        return Probe(len(fp32) == 3, 0.0 if len(fp32) == 3 else 2.0)
+
+    guide = Guide(lambda fp32: 0.01 * (3 - len(fp32)) + (0.0 if len(fp32) == 3 else 1.0))
+    search = PrecisionSearch([3.0, 2.0, 1.0], test, costs=[100.0, 1.0, 10.0], all_low_failed=True,
+                             all_low_drop=2.0, guide=guide, extra_probes=2)
+    out = search.run()
+    assert out.fp32 == frozenset({0, 1, 2}) and search._left() == 1
+    assert sorted(map(sorted, tested)) == [[0, 1], [0, 1, 2], [1, 2]]

@@ -31,6 +31,9 @@ the calibrated fit predicts safe (`_lower_guided`), then trades units (`_trade`)
 without it, one at a time, heaviest per unit of error first (`_lower_heavy`).
 `thorough=True` then proves every instance of the prefix necessary by group
 testing (Hwang's generalized binary splitting), at more evaluations.
+A search that would still end with every unit FP32 while probes are left (the
+order put what the metric needs last, and lowering back had nothing to offer)
+spends them on a bisection over another order first (`_rescue`).
 """
 from __future__ import annotations
 
@@ -208,7 +211,56 @@ class PrecisionSearch:
                 self._lower_guided(self.order[:hi])
             else:
                 self._lower_heavy(self.order[:hi])
+        if not self.thorough:
+            self._rescue()
         return trusted
+
+    def _rescue(self) -> None:
+        """Every unit still FP32 with probes left within the bound: the order misled the cut (the units the
+        metric needs ranked last, so every shorter prefix failed) and lowering back found nothing it could
+        offer (the units it weighs first are the needed ones, or their lowering overflows). Bisect over
+        another order before giving up (`_rescue_order`): each probe keeps a prefix of it FP32; a prefix that
+        leaves a proven-needed unit low, or lies within a plan that failed, or whose output the guide sees
+        overflow, fails without an evaluation; the best confirmed plan stays. Stops, like the cut, once the
+        undecided units hold under STOP_COST_SHARE of the cost."""
+        everything = frozenset(range(len(self.scores)))
+        if self.best != everything or self._left() <= 0:
+            return
+        order, lo = self._rescue_order()
+        hi, total = len(order), sum(self.costs) or 1.0
+        failed = [fp32 for fp32, probe in self.results.items() if not probe.passed]
+        while hi - lo > 1 and self._left() > 0 \
+                and sum(self.costs[i] for i in order[lo:hi]) > STOP_COST_SHARE * total:
+            m = (lo + hi) // 2
+            trial = frozenset(order[:m])
+            if any(trial <= f for f in failed) or self._overflows(trial) or not self.test(trial).passed:
+                lo = m
+            else:
+                hi = m
+        if self.best != everything:
+            self.notes.append(f"the search ended with every unit FP32 and trials left; a bisection over the "
+                              f"units the ranking put last, first, kept {len(self.best or ())} of "
+                              f"{len(everything)} FP32")
+
+    def _rescue_order(self) -> tuple[list[int], int]:
+        """The rescue's order: units a failed trial proved needed (it held every other unit FP32) first, then
+        the cut's order reversed (what the ranking called harmless is where the need was); and how many
+        were proved needed (a shorter prefix leaves one of them low: it fails)."""
+        n = len(self.scores)
+        needed = {next(iter(set(range(n)) - fp32)) for fp32, probe in self.results.items()
+                  if not probe.passed and len(fp32) == n - 1}
+        rank = {item: pos for pos, item in enumerate(reversed(self.order))}
+        return sorted(range(n), key=lambda i: (i not in needed, rank[i])), len(needed)
+
+    def _overflows(self, fp32: frozenset[int]) -> bool:
+        """The guide sees this plan's output overflow (it fails: no evaluation); False without a guide or its
+        forwards."""
+        if self.guide is None:
+            return False
+        try:
+            return not math.isfinite(self.guide.error(fp32))
+        except GuideSpent:
+            return False
 
     def _observe_prefixes(self) -> None:
         """Observed output errors replace the predicted residuals; a ranking they contradict gives way to an

@@ -164,3 +164,17 @@ def test_a_type_kept_fp32_in_one_place_costs_the_lists_its_share_everywhere():
     text = "\n".join(training_section(lists, Path("out")))
     assert "0.0% of matmul/conv FLOPs in bf16 against the plan's" in text and "measured, not evaluated" in text
     assert text.startswith("Use it in the training loop")  # a plan tuned for training
+
+
+def test_a_list_plan_that_makes_the_models_own_code_raise_is_reported_not_an_internal_error():
+    """The plan keeps `key` FP32 and runs: the lists keep `linear` FP32 everywhere, `query` too, while `matmul`
+    stays low, and the model masks the bf16 scores with float32's min (`torch.finfo(q.dtype)`), which raises. Before: the tune ended in an internal error after
+    its plan was confirmed (DeBERTa-v2 in benchmarks/hazard_zoo.py)."""
+    from tests.assets import mixed_raise
+
+    plan = Plan(dtype="bf16", preset="torch-cpu", fp32_instances=(("key", "linear", 0),))
+    lists = type_level(plan, mixed_raise.build_model(), ModelInputs.of(mixed_raise.example_inputs()))
+    assert lists.mixed == ("linear",) and lists.list_shares is None
+    assert "cannot be converted to type c10::BFloat16" in lists.raised
+    text = "\n".join(training_section(lists, Path("out")))
+    assert "makes the model's own code raise" in text and "measured, not evaluated" not in text

@@ -60,7 +60,8 @@ def _op_lists(report: TuneReport) -> dict[str, Any] | None:
     if lists is None:
         return None
     share = lists.list_shares.flop_share if lists.list_shares is not None else None
-    return {"exact": lists.exact, "mixed": list(lists.mixed), "low_precision_flop_share": share}
+    return {"exact": lists.exact, "mixed": list(lists.mixed), "low_precision_flop_share": share,
+            "raised": lists.raised or None}
 
 
 def _trial(t: Trial) -> dict[str, Any]:

@@ -36,6 +36,7 @@ class TypeLevel:
     mixed: tuple[str, ...] = ()
     plan_shares: Shares | None = None
     list_shares: Shares | None = None
+    raised: str = ""  # what the lists' plan made the model's own code raise on the example inputs (no share then)
 
     @property
     def exact(self) -> bool:
@@ -74,5 +75,11 @@ def type_level(plan: Plan, model: nn.Module | None = None, inputs: ModelInputs |
         return TypeLevel(listed, policy.lower, policy.fp32)
     own = record_plan(model, plan, inputs)
     mixed = tuple(sorted(types & own.low_ops))
-    shares = own.shares if not mixed else record_plan(model, listed, inputs).shares
+    if not mixed:
+        return TypeLevel(listed, policy.lower, policy.fp32, mixed, own.shares, own.shares)
+    try:
+        shares = record_plan(model, listed, inputs).shares
+    except Exception as exc:  # noqa: BLE001  (a plan the lists make can break the model's own code: a finding)
+        return TypeLevel(listed, policy.lower, policy.fp32, mixed, own.shares, None,
+                         f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
     return TypeLevel(listed, policy.lower, policy.fp32, mixed, own.shares, shares)

@@ -44,6 +44,11 @@ def _cost(lists: TypeLevel) -> list[str]:
         own, listed = lists.plan_shares.flop_share, lists.list_shares.flop_share
         text += (f": {listed:.1%} of matmul/conv FLOPs in {dtype} against the plan's {own:.1%} "
                  f"({(own - listed) * 100:.1f} points lost)")
-    text += (". That list plan was measured, not evaluated; `mpt tune --granularity type` tunes the best plan "
-             "op-type lists can express and confirms it.")
+    if lists.raised:
+        text += (f"; that list plan makes the model's own code raise on the example inputs ({lists.raised}), so "
+                 "its share is not known. `mpt tune --granularity type` tunes the best plan op-type lists can "
+                 "express and confirms it.")
+    else:
+        text += (". That list plan was measured, not evaluated; `mpt tune --granularity type` tunes the best plan "
+                 "op-type lists can express and confirms it.")
     return [text, ""]

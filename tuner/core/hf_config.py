@@ -60,6 +60,17 @@ def is_encoder_decoder(folder: Path) -> bool:
     return isinstance(config, dict) and config.get("is_encoder_decoder") is True
 
 
+def vocab_size(folder: Path) -> int | None:
+    """The vocabulary size the saved config states (top level, or its text model's or decoder's); None if none."""
+    config = _config(folder)
+    parts = (config, config.get("text_config"), config.get("decoder")) if isinstance(config, dict) else ()
+    for part in parts:
+        size = part.get("vocab_size") if isinstance(part, dict) else None
+        if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+            return size
+    return None
+
+
 # transformers' own list of which class serves which task (`models/auto/modeling_auto.py`), read as text so
 # that the options check imports neither torch nor transformers. A class listed under one of these tasks outputs
 # scores over a vocabulary or classes (per sample, per token or per pixel); one listed under other tasks only

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 from tuner.core.calibration import Calibration, data_file, function_batches
 from tuner.core.errors import ConfigError
 from tuner.core.hf import hf_forward
-from tuner.core.hf_config import is_encoder_decoder
+from tuner.core.hf_config import is_encoder_decoder, vocab_size
 from tuner.core.inputs import ModelInputs
 from tuner.core.loader import DEFAULT_CALIBRATION, DEFAULT_INPUTS, UserModel, call_user, load_user_model
 from tuner.measure.fidelity import Metric
@@ -96,21 +95,8 @@ def _with_data(user: UserModel, batches: Calibration, metric: str | None) -> Use
         forward = hf_forward(user.path)
         if forward is not None:
             batches.check_forward(forward[0], owner=forward[1], strict=True)
-        batches.check_token_ids(_vocab_size(user.path), first=_first_argument(forward[0]) if forward else None)
+        batches.check_token_ids(vocab_size(user.path), first=_first_argument(forward[0]) if forward else None)
     return dataclasses.replace(user, data=batches)
-
-
-def _vocab_size(folder: Path) -> int | None:
-    """The vocabulary size an hf: folder's config.json states (top level, or its text model's); None if none."""
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    for part in (config, config.get("text_config"), config.get("decoder")):
-        size = part.get("vocab_size") if isinstance(part, dict) else None
-        if isinstance(size, int) and not isinstance(size, bool) and size > 0:
-            return size
-    return None
 
 
 def _first_argument(forward: Any) -> str | None:

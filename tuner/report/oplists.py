@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from tuner.core.errors import exc_line
 from tuner.core.inputs import ModelInputs
 from tuner.measure.recorded import record_plan
 from tuner.measure.shares import Shares
@@ -80,6 +81,5 @@ def type_level(plan: Plan, model: nn.Module | None = None, inputs: ModelInputs |
     try:
         shares = record_plan(model, listed, inputs).shares
     except Exception as exc:  # noqa: BLE001  (a plan the lists make can break the model's own code: a finding)
-        return TypeLevel(listed, policy.lower, policy.fp32, mixed, own.shares, None,
-                         f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        return TypeLevel(listed, policy.lower, policy.fp32, mixed, own.shares, None, exc_line(exc, 200))
     return TypeLevel(listed, policy.lower, policy.fp32, mixed, own.shares, shares)

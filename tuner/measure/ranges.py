@@ -94,8 +94,15 @@ def _peak(tensors: Iterable[Any]) -> Tensor | None:
 
 
 def _read(peaks: list[Tensor]) -> list[float]:
-    """The peaks as numbers, one read per device."""
-    return [float(v) for v in torch.stack([p.cpu() for p in peaks]).tolist()] if peaks else []
+    """The peaks (0-dim tensors) as numbers, in order: one read per device (stacked there, then copied once)."""
+    by_device: dict[torch.device, list[int]] = {}
+    for i, p in enumerate(peaks):
+        by_device.setdefault(p.device, []).append(i)
+    values = [0.0] * len(peaks)
+    for at in by_device.values():
+        for i, v in zip(at, torch.stack([peaks[i] for i in at]).cpu().tolist(), strict=True):
+            values[i] = float(v)
+    return values
 
 
 @dataclass(frozen=True)
@@ -146,10 +153,13 @@ class RangeRecorder:
             self.outs.setdefault(cand, []).append(peak)
 
     def ranges(self) -> Ranges:
-        flags = _read([f.to(_F32) for f in self.inf_flags])
-        seen = {c: Magnitude(max(_read(self.ins.get(c, [])), default=0.0),
-                             max(_read(self.outs.get(c, [])), default=0.0))
-                for c in self.wanted.values() if c in self.ins or c in self.outs}
+        """Every flag and peak read back in one transfer (a GPU syncs once, not once per candidate)."""
+        seen_ = [c for c in self.wanted.values() if c in self.ins or c in self.outs]
+        sides = [side.get(c, []) for c in seen_ for side in (self.ins, self.outs)]
+        values = iter(_read([f.to(_F32) for f in self.inf_flags] + [p for side in sides for p in side]))
+        flags = [next(values) for _ in self.inf_flags]
+        peaks = [max((next(values) for _ in side), default=0.0) for side in sides]
+        seen = {c: Magnitude(peaks[2 * i], peaks[2 * i + 1]) for i, c in enumerate(seen_)}
         return Ranges(seen, frozenset(k for k, f in zip(self.inf_keys, flags, strict=True) if f))
 
 
@@ -187,26 +197,34 @@ def first_overflow(model: nn.Module, inputs: ModelInputs, policy: Policy, dtype:
     candidate ran before the first non-finite value."""
     keep = set(fp32)
     wanted = {c.key(): c for c in candidates if c not in keep}
-    last: list[OpInstance] = []
-    found: list[OpInstance | None] = []
+    calls: list[tuple[OpInstance | None, int | None]] = []  # each call's candidate and where its flags are
+    flags: list[Tensor] = []  # (output not finite, inputs finite) per call with a float output, on the device
 
     def record(d: Decision, func: Any, args: tuple, kwargs: dict, out: Any, raw_args: tuple,
                raw_kwargs: dict) -> None:
-        if found or (d.module, d.op, d.index) in skip:
+        if (d.module, d.op, d.index) in skip:
             return
-        cand = wanted.get((d.module, d.op, d.index))
         outs = [t for t in tensor_leaves(out) if t.is_floating_point()]
-        if outs and not all(bool(torch.isfinite(t).all()) for t in outs):
+        at = None
+        if outs:
             ins = [t for a in (*raw_args, *raw_kwargs.values()) for t in tensor_leaves(a) if t.is_floating_point()]
-            if all(bool(torch.isfinite(t).all()) for t in ins):
-                found.append(cand if cand is not None else (last[-1] if last else None))
-                return
-        if cand is not None:
-            last.append(cand)
+            bad = ~torch.stack([torch.isfinite(t).all().to(outs[0].device) for t in outs]).all()
+            fine = torch.stack([torch.isfinite(t).all().to(outs[0].device) for t in ins]).all() if ins else \
+                torch.ones((), dtype=torch.bool, device=outs[0].device)
+            at = len(flags)
+            flags.append(torch.stack([bad, fine]).to(_F32))
+        calls.append((wanted.get((d.module, d.op, d.index)), at))
 
     with torch.no_grad(), _engine(policy, dtype, model, keep, modules, record):
         inputs.call(model)
-    return found[0] if found else None
+    read = _read([f[i] for f in flags for i in (0, 1)])  # one read after the forward: no sync per op on a GPU
+    last: OpInstance | None = None
+    for cand, at in calls:
+        if at is not None and read[2 * at] and read[2 * at + 1]:
+            return cand if cand is not None else last
+        if cand is not None:
+            last = cand
+    return None
 
 
 def follow_chains(model: nn.Module, inputs: ModelInputs, policy: Policy, dtype: torch.dtype,

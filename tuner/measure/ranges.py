@@ -115,10 +115,12 @@ class Ranges:
 
 
 def _engine(policy: Policy, dtype: torch.dtype, model: nn.Module, fp32: Iterable[OpInstance],
-            modules: Iterable[str], recorder: Callable[..., Any]) -> PrecisionEngine:
+            modules: Iterable[str], recorder: Callable[..., Any], fallback: Iterable[OpInstance] = (),
+            fallback_dtype: torch.dtype = _F32) -> PrecisionEngine:
+    overrides = {c.key(): fallback_dtype for c in fallback}
+    overrides.update({c.key(): _F32 for c in fp32})
     return PrecisionEngine(policy, dtype, root=model, recorder=recorder,
-                           module_overrides={p: _F32 for p in modules},
-                           instance_overrides={c.key(): _F32 for c in fp32})
+                           module_overrides={p: _F32 for p in modules}, instance_overrides=overrides)
 
 
 class RangeRecorder:
@@ -189,13 +191,14 @@ def beyond_range(magnitudes: Mapping[OpInstance, Magnitude], dtype: torch.dtype,
 
 def first_overflow(model: nn.Module, inputs: ModelInputs, policy: Policy, dtype: torch.dtype,
                    candidates: list[OpInstance], fp32: Iterable[OpInstance], modules: Iterable[str] = (),
-                   skip: frozenset[tuple[str, str, int]] = frozenset()) -> OpInstance | None:
+                   skip: frozenset[tuple[str, str, int]] = frozenset(), fallback: Iterable[OpInstance] = (),
+                   fallback_dtype: torch.dtype = _F32) -> OpInstance | None:
     """Under the plan (`fp32` FP32, the other candidates low): the candidate to keep FP32 for the forward's first
     non-finite value (the op whose inputs are finite and output is not: itself when it is a candidate running
     low, else the last low candidate that ran before it; calls in `skip`, not finite in FP32 either, are no
     plan's doing); None when the forward stays finite or no low
-    candidate ran before the first non-finite value."""
-    keep = set(fp32)
+    candidate ran before the first non-finite value. `fallback` run in `fallback_dtype` (a fallback chain)."""
+    keep = set(fp32) | set(fallback)
     wanted = {c.key(): c for c in candidates if c not in keep}
     calls: list[tuple[OpInstance | None, int | None]] = []  # each call's candidate and where its flags are
     flags: list[Tensor] = []  # (output not finite, inputs finite) per call with a float output, on the device
@@ -215,7 +218,7 @@ def first_overflow(model: nn.Module, inputs: ModelInputs, policy: Policy, dtype:
             flags.append(torch.stack([bad, fine]).to(_F32))
         calls.append((wanted.get((d.module, d.op, d.index)), at))
 
-    with torch.no_grad(), _engine(policy, dtype, model, keep, modules, record):
+    with torch.no_grad(), _engine(policy, dtype, model, fp32, modules, record, fallback, fallback_dtype):
         inputs.call(model)
     read = _read([f[i] for f in flags for i in (0, 1)])  # one read after the forward: no sync per op on a GPU
     last: OpInstance | None = None
@@ -230,16 +233,18 @@ def first_overflow(model: nn.Module, inputs: ModelInputs, policy: Policy, dtype:
 def follow_chains(model: nn.Module, inputs: ModelInputs, policy: Policy, dtype: torch.dtype,
                   candidates: list[OpInstance], kept: Mapping[OpInstance, RangeReason], dtype_name: str, *,
                   always: Iterable[OpInstance] = (), modules: Iterable[str] = (),
-                  skip: frozenset[tuple[str, str, int]] = frozenset(),
-                  max_forwards: int = 64) -> tuple[dict[OpInstance, RangeReason], int]:
+                  skip: frozenset[tuple[str, str, int]] = frozenset(), max_forwards: int = 64,
+                  fallback_dtype: torch.dtype = _F32) -> tuple[dict[OpInstance, RangeReason], int]:
     """`kept` and the candidates `first_overflow` adds one forward at a time, until a forward is finite (or no
-    candidate can be blamed, or `max_forwards` ran); and the forwards run."""
+    candidate can be blamed, or `max_forwards` ran); and the forwards run. The kept candidates run in
+    `fallback_dtype` (the other 16-bit dtype of a fallback chain, whose range holds them; FP32 by default)."""
     out = dict(kept)
     limit = float(torch.finfo(dtype).max)
     forwards = 0
     while forwards < max_forwards:
         forwards += 1
-        cand = first_overflow(model, inputs, policy, dtype, candidates, [*out, *always], modules, skip)
+        cand = first_overflow(model, inputs, policy, dtype, candidates, list(always), modules, skip, out,
+                              fallback_dtype)
         if cand is None or cand in out:
             break
         out[cand] = RangeReason(RangeSide.CHAIN, math.inf, limit, dtype_name)

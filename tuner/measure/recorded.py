@@ -29,8 +29,8 @@ FROM_INPUTS = frozenset({Rule.PASSTHROUGH, Rule.FIRST_INPUT, Rule.PROMOTE})
 @dataclass(frozen=True)
 class PlanRecord:
     """What a recorded forward of a plan tells: its shares; per module, the dtypes its matmul/conv ops
-    computed in (`claimed`) and those of its other ops (`tolerated`); the plan's FP32 overrides that change
-    nothing (`idle`: dropping them leaves every op's dtype, so every number above, as it is); the op types
+    computed in (`claimed`) and those of its other ops (`tolerated`); the plan's FP32 (and fallback) overrides
+    that change nothing (`idle`: their inputs come in the dtype they name; dropping them leaves every op's dtype, so every number above, as it is); the op types
     that computed in the lower precision somewhere (`low_ops`: what op-type lists must keep low)."""
 
     shares: Shares
@@ -44,9 +44,9 @@ class PlanRecord:
             raise TypeError(f"PlanRecord.shares must be Shares, not {type(self.shares).__name__}")
 
 
-def inputs_all_fp32(decision: Decision) -> bool:
-    """The call had floating-point inputs, and every one of them was FP32."""
-    return bool(decision.in_dtypes) and all(t is torch.float32 for t in decision.in_dtypes)
+def inputs_all_fp32(decision: Decision, dtype: torch.dtype = torch.float32) -> bool:
+    """The call had floating-point inputs, and every one of them was FP32 (or `dtype`)."""
+    return bool(decision.in_dtypes) and all(t is dtype for t in decision.in_dtypes)
 
 
 def record_plan(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> PlanRecord:
@@ -55,7 +55,7 @@ def record_plan(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> Pl
     claimed: dict[str, set[torch.dtype]] = {}
     tolerated: dict[str, set[torch.dtype]] = {}
     policy = plan.policy()
-    wanted = set(plan.fp32_instances)
+    wanted = plan.instance_overrides()  # FP32 and fallback instances, by key
     idle: set[OpInstance] = set()
     low_ops: set[str] = set()
 
@@ -66,9 +66,9 @@ def record_plan(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> Pl
             (claimed if gemm else tolerated).setdefault(d.module, set()).add(d.ran)
         if d.lowered:
             low_ops.add(d.op)
-        inst = OpInstance(d.module, d.op, d.index)
-        if inst in wanted and policy.lookup(d.op)[0] in FROM_INPUTS and inputs_all_fp32(d):
-            idle.add(inst)
+        key = (d.module, d.op, d.index)
+        if key in wanted and policy.lookup(d.op)[0] in FROM_INPUTS and inputs_all_fp32(d, wanted[key]):
+            idle.add(OpInstance(*key))
 
     with torch.no_grad(), PrecisionEngine(policy, plan.torch_dtype, root=model, recorder=record,
                                           module_overrides=plan.module_overrides(),

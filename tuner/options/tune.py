@@ -6,7 +6,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.core.dtypes import lower_name
+from tuner.core.dtypes import LOWER_CHOICES, lower_name
 from tuner.options.fields import Kind, Options, option
 from tuner.options.shared import (
     DEFAULT_PRESET,
@@ -50,6 +50,11 @@ class TuneOptions(Options):
     """
 
     dtype: str = dtype_option("bf16")
+    fallback: str | None = option(None, "The first fallback of an op that fails in --dtype: the other 16-bit dtype "
+                                  "(--dtype fp16 --fallback bf16: an op whose values leave fp16's range runs in "
+                                  "bf16, at the same speed on a GPU, not FP32); FP32 stays the last fallback. "
+                                  "Default: none, FP32 at once.", Kind.CHOICE, choices=LOWER_CHOICES,
+                                  after="dtype")
     preset: str | None = preset_option()
     tolerance: float = tolerance_option(None, "Allowed loss against the FP32 baseline: relative (0.01 = 1%) unless "
                                               "--absolute. Default 0.01; with --metric, the metric's own (absolute: "
@@ -92,6 +97,8 @@ class TuneOptions(Options):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", lower_name(self.dtype))
+        if self.fallback is not None:
+            object.__setattr__(self, "fallback", lower_name(self.fallback))
         self._metric_defaults()
         super().__post_init__()
         if self.preset is None:
@@ -119,6 +126,9 @@ class TuneOptions(Options):
         if self.metric in ("agreement", "cosine") and self.lower_is_better:
             problems.append(("lower_is_better", f"lower_is_better: metric {self.metric} is higher-is-better; "
                                                 "drop lower_is_better"))
+        if self.fallback is not None and self.fallback == self.dtype:
+            problems.append(("fallback", f"fallback: {self.fallback} is the tune's own dtype; the fallback is the "
+                                         "other 16-bit dtype (--dtype fp16 --fallback bf16)"))
         if self.metric is None and (self.output is not None):
             problems.append(("output", "output: names what a built-in --metric compares; give metric too"))
         return problems
@@ -133,6 +143,8 @@ class TuneOptions(Options):
         """What decides trial outcomes: a journal made with other settings cannot be resumed."""
         settings = {"dtype": self.dtype, "preset": self.preset, "tolerance": self.tolerance, "absolute": self.absolute,
                     "lower_is_better": self.lower_is_better, "device": self.device}
+        if self.fallback is not None:  # absent by default: journals from before fallback chains still resume
+            settings["fallback"] = self.fallback
         if self.granularity != Granularity.INSTANCE.value:  # absent by default: older journals still resume
             settings["granularity"] = self.granularity
         if self.for_training:  # absent otherwise: journals from before training mode still resume

@@ -3,7 +3,8 @@
 A plan is the unit users commit, `mpt inspect --plan` shows and `tuner.load`
 applies: the lower dtype, the preset, optional replacement op lists,
 per-module overrides (dotted path or glob -> dtype) and per-instance
-overrides (module path + op name + call index -> dtype).
+overrides (module path + op name + call index -> dtype): FP32, or the first fallback, the other 16-bit dtype
+(`fallback`, `fallback_instances`: a plan tuned with a fallback chain, `mpt tune --dtype fp16 --fallback bf16`).
 """
 from __future__ import annotations
 
@@ -180,7 +181,9 @@ class Plan:
     replaced by `lower`/`fp32`/`promote` when given), `modules` maps module
     paths or globs to a dtype, and `fp32_instances` are the single op calls the
     search kept in FP32. `dtype` is the lower dtype, stored by its short name
-    (`bf16`, `fp16`). `metrics`, `model` and `checkpoint_sha256` are records of
+    (`bf16`, `fp16`). `fallback` is the other 16-bit dtype where the tune had a fallback chain, and
+    `fallback_instances` the op calls that compute in it rather than in `dtype` (an fp16 overflow runs in bf16
+    at the same speed, where FP32 would cost it); both absent from older plans, which read as they did. `metrics`, `model` and `checkpoint_sha256` are records of
     the run and of the model it was made for; they do not change what runs. `for_training` marks a plan tuned
     for training (`mpt tune --for-training`): its weights are the user's FP32 ones, only compute is lowered.
     Validated on construction (ConfigError listing every problem).
@@ -193,6 +196,8 @@ class Plan:
     promote: tuple[str, ...] | None = None
     modules: tuple[tuple[str, str], ...] = ()
     fp32_instances: tuple[OpInstance, ...] = ()
+    fallback: str | None = None
+    fallback_instances: tuple[OpInstance, ...] = ()
     metrics: Mapping[str, Any] = field(default_factory=dict, compare=False)
     version: int = PLAN_VERSION
     model: ModelRef | None = field(default=None, compare=False)
@@ -229,6 +234,7 @@ class Plan:
                 problems.append(f"modules.{pattern}: {exc}")
         insts = tuple(i if isinstance(i, OpInstance) else OpInstance(*i) for i in self.fp32_instances)
         object.__setattr__(self, "fp32_instances", insts)
+        problems += self._fallback_problems()
         if problems:
             raise ConfigError(problems, source="plan")
         if self.lower is not None and self.fp32 is not None:
@@ -238,11 +244,42 @@ class Plan:
                                   source="plan")
         self.policy()  # validates the preset name and the combined lists
 
+    def _fallback_problems(self) -> list[str]:
+        """`fallback` normalized to its short name; one problem per way it or `fallback_instances` is wrong."""
+        others = tuple(i if isinstance(i, OpInstance) else OpInstance(*i) for i in self.fallback_instances)
+        object.__setattr__(self, "fallback_instances", others)
+        if self.fallback is None:
+            return [f"fallback_instances: {len(others)} instance(s) but no fallback dtype; add `fallback: bf16` "
+                    "or `fallback: fp16`"] if others else []
+        try:
+            object.__setattr__(self, "fallback", short_name(parse_dtype(self.fallback, lower_only=True)))
+        except (ValueError, TypeError) as exc:
+            return [f"fallback: {exc}"]
+        problems = []
+        if self.fallback == self.dtype:
+            problems.append(f"fallback: the fallback dtype must be the other 16-bit dtype, not the plan's own "
+                            f"({self.dtype})")
+        both = sorted(i.label() for i in set(others) & set(self.fp32_instances))
+        if both:
+            problems.append(f"fallback_instances: in fp32_instances too: {', '.join(both[:5])}")
+        return problems
+
     # ----- resolution ---------------------------------------------------------
     @property
     def torch_dtype(self) -> torch.dtype:
         """`dtype` as a torch.dtype."""
         return parse_dtype(self.dtype)
+
+    @property
+    def fallback_dtype(self) -> torch.dtype | None:
+        """`fallback` as a torch.dtype (None without a fallback chain)."""
+        return parse_dtype(self.fallback) if self.fallback is not None else None
+
+    def instance_dtypes(self) -> dict[OpInstance, str]:
+        """Each overridden instance -> the short name of the dtype it computes in (`fp32` or `fallback`)."""
+        found = {i: "fp32" for i in self.fp32_instances}
+        found.update({i: str(self.fallback) for i in self.fallback_instances})
+        return found
 
     def policy(self) -> Policy:
         """The preset with the plan's op lists in place (a list given alone wins over the other)."""
@@ -264,8 +301,13 @@ class Plan:
         return {pattern: parse_dtype(value) for pattern, value in self.modules}
 
     def instance_overrides(self) -> dict[tuple[str, str, int], torch.dtype]:
-        """(module, op, index) -> float32 for each FP32 instance, as the engine takes them."""
-        return {inst.key(): torch.float32 for inst in self.fp32_instances}
+        """(module, op, index) -> float32 for each FP32 instance, and -> the fallback dtype for each fallback
+        instance, as the engine takes them."""
+        found = {inst.key(): torch.float32 for inst in self.fp32_instances}
+        other = self.fallback_dtype
+        if other is not None:
+            found.update({inst.key(): other for inst in self.fallback_instances})
+        return found
 
     # ----- YAML ---------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -280,6 +322,10 @@ class Plan:
             data["modules"] = {k: v for k, v in self.modules}
         data["fp32_instances"] = [{"module": i.module, "op": i.op, "index": i.index}
                                   for i in sorted(self.fp32_instances)]
+        if self.fallback is not None:  # absent otherwise: plans without a fallback chain read as they did
+            data["fallback"] = self.fallback
+            data["fallback_instances"] = [{"module": i.module, "op": i.op, "index": i.index}
+                                          for i in sorted(self.fallback_instances)]
         if self.metrics:
             data["metrics"] = dict(self.metrics)
         if self.model is not None:
@@ -301,7 +347,7 @@ class Plan:
         if not isinstance(data, dict):
             raise ConfigError(f"a plan is a YAML mapping, found {type(data).__name__}", source=source)
         allowed = {"version", "dtype", "preset", "lower", "fp32", "promote", "modules", "fp32_instances", "metrics",
-                   "model", "checkpoint_sha256", "for_training"}
+                   "model", "checkpoint_sha256", "for_training", "fallback", "fallback_instances"}
         problems = check_keys(data, allowed, where="")
         model_ref = None
         if data.get("model") is not None:
@@ -310,14 +356,15 @@ class Plan:
             except ConfigError as exc:
                 problems += exc.errors
         digest = data.get("checkpoint_sha256")
-        problems += _str_problems(data, ("dtype", "preset", "checkpoint_sha256"))
+        problems += _str_problems(data, ("dtype", "preset", "checkpoint_sha256", "fallback"))
         version = data.get("version", PLAN_VERSION)
         if not isinstance(version, int) or isinstance(version, bool):
             problems.append(f"version: expected an integer, found {_shown(version)}")
         if data.get("metrics") is not None:
             problems += metrics_problems(data["metrics"])
         insts, more = _instances(data.get("fp32_instances"))
-        problems += more
+        others, more_others = _instances(data.get("fallback_instances"), "fallback_instances")
+        problems += more + more_others
         modules = data.get("modules") or {}
         if not isinstance(modules, dict):
             problems.append(f"modules: expected a mapping of module path/glob to dtype, found {type(modules).__name__}")
@@ -341,6 +388,8 @@ class Plan:
                 promote=data.get("promote"),
                 modules=tuple(modules.items()),
                 fp32_instances=tuple(insts),
+                fallback=data.get("fallback"),
+                fallback_instances=tuple(others),
                 metrics=data.get("metrics") or {},
                 version=version,
                 model=model_ref,
@@ -359,18 +408,18 @@ class Plan:
         return cls.from_dict(load_yaml_file(path), source=str(path))
 
 
-def _instances(items: Any) -> tuple[list[OpInstance], list[str]]:
-    """The `fp32_instances` of a plan's YAML, and one problem per item that is not {module, op, index}."""
+def _instances(items: Any, key: str = "fp32_instances") -> tuple[list[OpInstance], list[str]]:
+    """The `key` instances of a plan's YAML, and one problem per item that is not {module, op, index}."""
     if items is None:
         return [], []
     if not isinstance(items, list):
-        return [], [f"fp32_instances: expected a list, found {type(items).__name__}"]
+        return [], [f"{key}: expected a list, found {type(items).__name__}"]
     insts, problems = [], []
     for n, item in enumerate(items):
         if not isinstance(item, dict) or not {"module", "op"} <= set(item):
-            problems.append(f"fp32_instances[{n}]: expected a mapping with module, op and index")
+            problems.append(f"{key}[{n}]: expected a mapping with module, op and index")
             continue
-        where = f"fp32_instances[{n}]."
+        where = f"{key}[{n}]."
         found = check_keys(item, {"module", "op", "index"}, where=where) + _str_problems(item, ("op",), where)
         if not _is_path(item["module"]):
             found.append(f"{where}module: expected a module path (a string), found {_shown(item['module'])}")

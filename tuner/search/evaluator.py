@@ -44,9 +44,10 @@ from tuner.workspace.keeper import ModelKeeper
 
 BASELINE_KEY = "baseline#{n}"
 
-def trial_key(fp32_labels: tuple[str, ...]) -> str:
-    """The journal key of the trial that keeps these instances (sorted labels) FP32."""
-    return "fp32=" + ",".join(fp32_labels)
+def trial_key(fp32_labels: tuple[str, ...], fallback: tuple[str, ...] = ()) -> str:
+    """The journal key of the trial that keeps these instances (sorted labels) FP32 and runs `fallback` in the
+    fallback dtype (absent without: journals from before fallback chains still resume)."""
+    return "fp32=" + ",".join(fp32_labels) + (";fallback=" + ",".join(fallback) if fallback else "")
 
 
 def _to_float(value: Any) -> float:
@@ -174,7 +175,8 @@ class Evaluator:
         NaN/inf, fails the trial. Raises SearchStopped when a bound is reached. `kept`: the FP32 instances
         the plan would record (Trial.kept; None: not counted)."""
         fp32 = tuple(sorted(i.label() for i in plan.fp32_instances if i not in self.kept))
-        return self._run(trial_key(fp32), label, plan, fp32, shares, accept, kept)
+        other = tuple(sorted(i.label() for i in plan.fallback_instances))
+        return self._run(trial_key(fp32, other), label, plan, fp32, shares, accept, kept, other)
 
     def _check_bounds(self) -> None:
         if self.bounds.max_evals is not None and self.evals >= self.bounds.max_evals:
@@ -185,7 +187,7 @@ class Evaluator:
                 raise SearchStopped(StopReason.TIME_BUDGET)
 
     def _run(self, key: str, label: str, plan: Plan | None, fp32: tuple[str, ...], shares: Shares,
-             accept: Acceptance | None, kept: int | None = None) -> Trial:
+             accept: Acceptance | None, kept: int | None = None, fallback: tuple[str, ...] = ()) -> Trial:
         """A trial from the journal, or a new evaluation (written to the journal). `plan` None: the baseline."""
         baseline = plan is None
         n = len(self.trials) + 1
@@ -201,18 +203,19 @@ class Evaluator:
             return self._record(Trial(n, label, fp32, metric, passed, float(cached["seconds"]), shares,
                                       cached.get("error"), True, baseline, kept,
                                       fed if isinstance(fed, int) and fed > 0 else None,
-                                      signature if isinstance(signature, str) else None))
+                                      signature if isinstance(signature, str) else None, fallback))
         if not baseline:
             self.ranks.decide(self._check_bounds)  # rank 0's clock and count stop every rank at once
         self._emit(TuneEvent(EventKind.EVALUATING, Evaluating(n, label)))
         run = self._call(plan)
         passed = baseline or (accept is not None and accept.confirms(run.metric))
         trial = Trial(n, label, fp32, run.metric, passed, run.seconds, shares, run.error, False, baseline, kept,
-                      run.fed or None, run.signature)
+                      run.fed or None, run.signature, fallback)
         if self.journal:
             self.journal.append(key, {"metric": run.metric, "passed": passed, "seconds": run.seconds,
                                       "error": run.error, "fp32": list(fp32), "fed": run.fed,
                                       "signature": run.signature, "generators": run.moved,
+                                      **({"fallback": list(fallback)} if fallback else {}),
                                       **({"start": self._start} if self.training and baseline else {})})
         return self._record(trial)
 

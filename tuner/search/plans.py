@@ -9,11 +9,18 @@ from tuner.policy.plan import OpInstance, Plan
 from tuner.search.candidates import Candidates
 
 
-def plan_for(options: TuneOptions, found: Candidates | None, fp32: Iterable[OpInstance], **extra: Any) -> Plan:
-    """The plan that runs the preset in the options' dtype with the `fp32` instances in FP32, and what every plan
-    keeps FP32 (`found`'s `fp32_modules` and `fp32_calls`: what torch.autocast cannot run here; None: nothing)."""
+def plan_for(options: TuneOptions, found: Candidates | None, fp32: Iterable[OpInstance],
+             fallback: Iterable[OpInstance] = (), **extra: Any) -> Plan:
+    """The plan that runs the preset in the options' dtype with the `fp32` instances in FP32 but those in
+    `fallback`, which run in the options' fallback dtype (a tune with a fallback chain: `fallback` is then
+    recorded, with or without instances), and what every plan keeps FP32 (`found`'s `fp32_modules` and
+    `fp32_calls`: what torch.autocast cannot run here; None: nothing)."""
     modules = found.fp32_modules if found is not None else {}
-    kept = found.fp32_calls if found is not None else ()
+    kept = set(found.fp32_calls if found is not None else ())
+    other = set(fallback) - kept
+    if other and options.fallback is None:
+        raise ValueError("instances in a fallback dtype, but the tune has no --fallback")
     return Plan(dtype=options.dtype, preset=options.preset,  # type: ignore[arg-type]
                 modules=tuple(sorted((p, "fp32") for p in modules)),
-                fp32_instances=tuple(sorted(set(fp32) | set(kept))), for_training=options.for_training, **extra)
+                fp32_instances=tuple(sorted((set(fp32) - other) | kept)), fallback=options.fallback,
+                fallback_instances=tuple(sorted(other)), for_training=options.for_training, **extra)

@@ -78,6 +78,7 @@ class Trial:
     kept: int | None = None
     fed: int | None = None
     signature: str | None = None
+    fallback: tuple[str, ...] = ()  # the instances it ran in the fallback dtype (a fallback chain), not in FP32
 
 
 @dataclass(frozen=True)

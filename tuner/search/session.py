@@ -28,7 +28,7 @@ from tuner.core.loader import user_site
 from tuner.core.sharding import Sharding
 from tuner.core.torch_state import refuse_active_autocast
 from tuner.engine.probe import AutocastFixes, autocast_fixes
-from tuner.measure.ranges import RangeReason, RangeRecorder, beyond_range, follow_chains, record_ranges
+from tuner.measure.ranges import RangeReason, RangeRecorder, RangeSide, beyond_range, follow_chains, record_ranges
 from tuner.measure.ranking import rank_exact, rank_gradient
 from tuner.measure.recorded import PlanRecord, record_plan
 from tuner.options.tune import Granularity, RankMethod, TuneOptions
@@ -56,7 +56,7 @@ from tuner.search.results import (
     TuneResult,
     TuneStatus,
 )
-from tuner.search.strategy import PrecisionSearch, Probe, SearchStopped
+from tuner.search.strategy import PrecisionSearch, Probe, SearchOutcome, SearchStopped
 from tuner.search.trials import SearchTrials, best_trial
 from tuner.workspace.journal import Journal
 from tuner.workspace.keeper import ModelKeeper
@@ -66,6 +66,8 @@ LowForward = tuple[float | None, float]  # the all-low plan's output error on th
 
 # An all-low output this far from the FP32 one (relative error) must move any metric computed from it.
 UNSEEN_OUTPUT_ERROR = 0.5
+_F32 = torch.float32
+CHAIN_TRIALS = 2  # a fallback chain's trials past the search's: the FP32 units in the fallback dtype, then half
 
 
 class _InputRecorder:
@@ -106,6 +108,11 @@ class TuneSession:
         self.recorded: PlanRecord | None = None  # the written plan's recorded forward (final_fp32)
         self.warnings: list[str] = []
         self.range_kept: dict[OpInstance, RangeReason] = {}  # what the range rule keeps FP32 (`range_rule`)
+        # a fallback chain (`--fallback`): the other 16-bit dtype, what the range rule sends there, and the
+        # candidates of the chosen plan that run there (`search`, `chain`)
+        self.fallback = parse_dtype(options.fallback) if options.fallback is not None else None
+        self.range_fallback: frozenset[OpInstance] = frozenset()
+        self.chosen_fallback: frozenset[OpInstance] = frozenset()
         self.limits = FULL  # what the aids may spend (`aid_limits`); the report's measured estimates too
 
     # --- the phases ------------------------------------------------------------------------------------------
@@ -324,6 +331,7 @@ class TuneSession:
         if recorder is None:
             return low
         overflowed = low is not None and low[0] == math.inf
+        wider = self._wider_fallback()
         with self.keeper.borrowed(light=True) as model:
             ranges = recorder.ranges() if recorder.ran else \
                 record_ranges(model, found.inputs, self.policy, self.dtype, found.instances, found.fp32_calls,
@@ -332,18 +340,36 @@ class TuneSession:
             if overflowed:
                 kept, _ = follow_chains(model, found.inputs, self.policy, self.dtype, list(found.instances), kept,
                                         self.options.dtype, always=found.fp32_calls, modules=found.fp32_modules,
-                                        skip=ranges.nonfinite)
+                                        skip=ranges.nonfinite, fallback_dtype=wider if wider is not None else _F32)
         if not kept:
             return low
+        other = self._fits_fallback(kept)
         # a kept op whose inputs are FP32 under the rule's plan runs FP32 with no override (a pass-through op
         # after a kept producer): dropped, or its module would become an FP32 island for nothing (`search`)
-        idle = self._record(found, tuple(sorted(kept))).idle
+        idle = self._record(found, tuple(sorted(kept)), other).idle
         kept = {c: why for c, why in kept.items() if c not in idle} or kept
         self.range_kept = kept
-        error = self.evaluator.output_error(plan_for(self.options, found, kept), found.ref_out)
-        self.notes.append(f"the range rule kept {len(kept)} op instance(s) FP32 before any evaluation: their "
+        self.range_fallback = other
+        error = self.evaluator.output_error(plan_for(self.options, found, kept, other), found.ref_out)
+        sent = f"in {self.options.fallback} (the fallback dtype)" if other else "FP32"
+        self.notes.append(f"the range rule kept {len(kept)} op instance(s) {sent} before any evaluation: their "
                           f"values on the example inputs leave {self.options.dtype}'s range (report.md says which)")
         return error, self.evaluator.forward_s
+
+    def _wider_fallback(self) -> torch.dtype | None:
+        """The fallback dtype when its range is wider than the lower dtype's (bf16 after fp16): where the range
+        rule sends what leaves the lower dtype's range; None without a fallback chain, or one as narrow."""
+        wider = self.fallback is not None and torch.finfo(self.fallback).max > torch.finfo(self.dtype).max
+        return self.fallback if wider else None
+
+    def _fits_fallback(self, kept: Mapping[OpInstance, RangeReason]) -> frozenset[OpInstance]:
+        """What the range rule kept whose values the fallback dtype's range holds (a chain's overflow included:
+        it comes from the lower dtype's range): those run in the fallback dtype, the rest FP32."""
+        wider = self._wider_fallback()
+        if wider is None:
+            return frozenset()
+        limit = float(torch.finfo(wider).max)
+        return frozenset(c for c, why in kept.items() if why.side is RangeSide.CHAIN or why.reached <= limit)
 
     def check_metric_sees_outputs(self, found: Candidates, base: Baseline) -> None:
         """UserCodeError when running every candidate low changes the model's output a lot (relative error
@@ -403,16 +429,21 @@ class TuneSession:
         kept = {i for i, c in enumerate(found.instances) if c in self.range_kept}
         fixed = frozenset(i for unit in every if kept.intersection(unit) for i in unit)
         units = [unit for unit in every if not fixed.intersection(unit)]
-        spare = 2 - min(2, len(trials.base.samples))  # evaluations a settled one-run baseline left unspent
-        search = PrecisionSearch([math.sqrt(sum(scores[found.instances[i]] ** 2 for i in u)) for u in units],
-                                 lambda picked: trials.probe(fixed | {i for n in picked for i in units[n]}, scores),
-                                 costs=[sum(found.costs[found.instances[i]] for i in u) for u in units],
-                                 thorough=self.options.thorough, all_low_failed=not fixed,
-                                 all_low_drop=None if fixed else first.drop,
-                                 guide=self.guide(found, units, low, limits, fixed), extra_probes=1 + spare)
-        outcome = search.run()
+        # a fallback chain: the units of what the range rule sent to the fallback dtype run there, whole
+        fp32_kept = {i for i in kept if found.instances[i] not in self.range_fallback}
+        trials.fallback = found.pick(frozenset(i for unit in every if kept.intersection(unit)
+                                               and not fp32_kept.intersection(unit) for i in unit))
+        outcome, search = self._search(found, scores, trials, first, low, limits, fixed, units)
+        if outcome.fp32 is None and trials.fallback and outcome.stopped is None:  # FP32 last, as in no chain
+            self.notes.append(f"the range rule's plan failed with its {len(trials.fallback)} instance(s) in "
+                              f"{self.options.fallback} even with everything else FP32: searched again with them "
+                              "FP32")
+            trials.fallback = frozenset()
+            outcome, search = self._search(found, scores, trials, first, None, limits, fixed, units)
         if fixed and outcome.fp32 is not None and not outcome.fp32:
-            self.notes.append(f"the range rule's plan passes: everything else runs in {self.options.dtype}")
+            rest = f"{self.options.fallback} or FP32" if trials.fallback else "FP32"
+            self.notes.append(f"the range rule's plan passes ({len(fixed)} instance(s) in {rest}): everything "
+                              f"else runs in {self.options.dtype}")
         self.notes.extend(n for n in outcome.notes if not (fixed and n.startswith("everything eligible")))
         if self.evaluator.raised:  # a mixed plan the model's own code cannot run: failing, not the end of the tune
             self.notes.append(f"{len(self.evaluator.raised)} call(s) in the model raised under a mixed plan on "
@@ -422,10 +453,58 @@ class TuneSession:
                               f"({search.guide.seconds:.1f} s)")
         if outcome.fp32 is None:
             return None, outcome.stopped  # type: ignore[return-value]
-        return found.pick(fixed | {i for n in outcome.fp32 for i in units[n]}), outcome.stopped  # type: ignore[return-value]
+        if self.fallback is not None and outcome.stopped is None:
+            self.chain(found, units, outcome.fp32, trials, fixed)
+        chosen = found.pick(fixed | {i for n in outcome.fp32 for i in units[n]})
+        self.chosen_fallback = chosen & trials.fallback
+        return chosen, outcome.stopped  # type: ignore[return-value]
+
+    def _search(self, found: Candidates, scores: Scores, trials: SearchTrials, first: Probe,
+                low: LowForward | None, limits: AidLimits, fixed: frozenset[int],
+                units: list[tuple[int, ...]]) -> tuple[SearchOutcome, PrecisionSearch]:
+        """One PrecisionSearch over `units`, `fixed` kept out of the lower dtype in every plan it tries."""
+        spare = 2 - min(2, len(trials.base.samples))  # evaluations a settled one-run baseline left unspent
+        search = PrecisionSearch([math.sqrt(sum(scores[found.instances[i]] ** 2 for i in u)) for u in units],
+                                 lambda picked: trials.probe(fixed | {i for n in picked for i in units[n]}, scores),
+                                 costs=[sum(found.costs[found.instances[i]] for i in u) for u in units],
+                                 thorough=self.options.thorough, all_low_failed=not fixed,
+                                 all_low_drop=None if fixed else first.drop,
+                                 guide=self.guide(found, units, low, limits, fixed, trials.fallback),
+                                 extra_probes=1 + spare)
+        return search.run(), search
+
+    def chain(self, found: Candidates, units: list[tuple[int, ...]], picked: frozenset[int], trials: SearchTrials,
+              fixed: frozenset[int]) -> None:
+        """A fallback chain's second link: the units the search kept FP32 tried in the fallback dtype, all of
+        them in one trial, then (when that fails and there are two or more) the costlier half; the first that
+        passes joins `trials.fallback`. At most CHAIN_TRIALS evaluations past the search's, said in a note."""
+        out = sorted(picked, key=lambda n: -sum(found.costs[found.instances[i]] for i in units[n]))
+        groups = [out, out[:len(out) // 2]][:CHAIN_TRIALS if len(out) > 1 else 1] if out else []
+        keep = fixed | {i for n in picked for i in units[n]}
+        spent, before = 0, trials.fallback
+        for group in groups:
+            trials.fallback = before | found.pick(frozenset(i for n in group for i in units[n]))
+            try:
+                spent += 1
+                passed = trials.probe(keep, {}).passed
+            except SearchStopped as stop:
+                trials.fallback = before
+                self.notes.append(f"fallback chain: the search's FP32 units were not tried in "
+                                  f"{self.options.fallback} ({stop.reason})")
+                return
+            if passed:
+                self.notes.append(f"fallback chain: {len(group)} of the search's {len(out)} FP32 unit(s) run in "
+                                  f"{self.options.fallback} instead ({spent} evaluation(s) past the search's)")
+                return
+            trials.fallback = before
+        if groups:
+            self.notes.append(f"fallback chain: the search's {len(out)} FP32 unit(s) failed in "
+                              f"{self.options.fallback} too ({spent} evaluation(s) past the search's); they stay "
+                              "FP32")
 
     def guide(self, found: Candidates, units: list[tuple[int, ...]], low: LowForward | None,
-              limits: AidLimits = FULL, fixed: frozenset[int] = frozenset()) -> Guide | None:
+              limits: AidLimits = FULL, fixed: frozenset[int] = frozenset(),
+              fallback: frozenset[OpInstance] = frozenset()) -> Guide | None:
         """The search's guide: a unit set kept FP32 -> the output error of its plan on the example inputs
         (Evaluator.output_error), as many forwards as `limits` allow (`aid_limits`). None under
         torchrun (every rank would have to run each forward together) or when the output has no
@@ -439,7 +518,7 @@ class TuneSession:
 
         def error(picked: frozenset[int]) -> float:
             fp32 = found.pick(fixed | {i for n in picked for i in units[n]})
-            value = self.evaluator.output_error(plan_for(self.options, found, fp32), found.ref_out)
+            value = self.evaluator.output_error(plan_for(self.options, found, fp32, fallback & fp32), found.ref_out)
             return math.inf if value is None else value
 
         return Guide(error, max_prefixes=limits.prefixes, max_units=limits.units, known={frozenset(): low_error},
@@ -458,25 +537,28 @@ class TuneSession:
 
     # --- the answer ------------------------------------------------------------------------------------------
     def final_fp32(self, found: Candidates | None, chosen: frozenset[OpInstance] | None,
-                   stopped: StopReason | None) -> tuple[tuple[OpInstance, ...], float | None, int | None]:
+                   stopped: StopReason | None) -> tuple[tuple[OpInstance, ...], float | None, int | None,
+                                                        tuple[OpInstance, ...]]:
         """The FP32 instances of the plan to write, the metric that confirmed it and its trial number: the
         best confirmed trial's set less the overrides that change nothing; all candidates when none passed.
         That trial's label then counts what its plan records (`3 FP32 (4 tried, 1 change nothing)`): a
         recorded forward, spent on this trial alone."""
-        best = best_trial(self.evaluator.trials, chosen)
+        best = best_trial(self.evaluator.trials, chosen, self.chosen_fallback)
         if best is None or found is None:
-            return tuple(sorted(found.instances if found else ())), None, None
-        fp32 = found.by_label(best.fp32)
+            return tuple(sorted(found.instances if found else ())), None, None, ()
+        fp32, other = found.by_label(best.fp32), found.by_label(best.fallback)
         if stopped is StopReason.INTERRUPTED:
-            return fp32, best.metric, best.n
-        self.recorded = self._record(found, fp32)
+            return fp32, best.metric, best.n, other
+        self.recorded = self._record(found, fp32, frozenset(other))
         idle = self.recorded.idle - set(found.fp32_calls)  # those make FP32 islands: not theirs to drop
         if idle:
             fp32 = tuple(i for i in fp32 if i not in idle)
-            self.notes.append(f"{len(idle)} FP32 override(s) dropped: their inputs are FP32 under the plan, "
-                              "so they ran in FP32 anyway")
+            other = tuple(i for i in other if i not in idle)
+            self.notes.append(f"{len(idle)} FP32 override(s) dropped: their inputs are FP32 under the plan, so they "
+                              "ran in FP32 anyway" if self.fallback is None else f"{len(idle)} override(s) dropped: "
+                              "their inputs come in the dtype they name under the plan, so they ran in it anyway")
         self._relabel(best, len(fp32))
-        return fp32, best.metric, best.n
+        return fp32, best.metric, best.n, other
 
     def _relabel(self, trial: Trial, kept: int) -> None:
         """`trial`'s label and `kept` with the FP32 instances its plan records counted."""
@@ -484,13 +566,16 @@ class TuneSession:
         at = next(i for i, t in enumerate(trials) if t is trial)
         before = next((t.fp32 for t in reversed(trials[:at]) if not t.baseline), None)
         label = Change.between(before, trial.fp32, kept).text(self.options.dtype)
+        if trial.fallback:
+            label += f"; {len(trial.fallback)} in {self.options.fallback}"
         trials[at] = dataclasses.replace(trial, label=label, kept=kept)
 
-    def _record(self, found: Candidates, fp32: tuple[OpInstance, ...]) -> PlanRecord:
+    def _record(self, found: Candidates, fp32: tuple[OpInstance, ...],
+                fallback: frozenset[OpInstance] = frozenset()) -> PlanRecord:
         """The recorded forward of the chosen trial's plan: its overrides that change nothing, and (they
         change no op's dtype) the shares and claims of the plan written, which the report reuses."""
         with self.keeper.borrowed() as model:
-            return record_plan(model, plan_for(self.options, found, fp32), found.inputs)
+            return record_plan(model, plan_for(self.options, found, fp32, fallback), found.inputs)
 
     def shown_scores(self, found: Candidates | None, scores: Scores, fp32: tuple[OpInstance, ...],
                      stopped: StopReason | None) -> tuple[dict[str, float], frozenset[str]]:
@@ -514,7 +599,7 @@ class TuneSession:
 
     def result(self, base: Baseline, accept: Acceptance, inputs: ModelInputs | None, found: Candidates | None,
                scores: Scores, chosen: frozenset[OpInstance] | None, stopped: StopReason | None) -> TuneResult:
-        fp32, metric, chosen_n = self.final_fp32(found, chosen, stopped)
+        fp32, metric, chosen_n, other = self.final_fp32(found, chosen, stopped)
         status = TuneStatus.MET if chosen_n is not None else TuneStatus.NOT_MET
         opts, ev = self.options, self.evaluator
         # the calls every plan keeps FP32 count as op instances in FP32 ("2 of 2"), though no trial chose them
@@ -522,8 +607,8 @@ class TuneSession:
         lowered: dict[str, Any] | None = {} if opts.for_training else None  # training: the FP32 weights ran
         if chosen_n is not None and found is not None and stopped is not StopReason.INTERRUPTED and lowered is None:
             with self.keeper.borrowed() as model:  # the trials' predicted weight dtypes, proven on this plan
-                lowered = ev.confirm_lowered(model, plan_for(opts, found, fp32))
-        plan = plan_for(opts, found, fp32,
+                lowered = ev.confirm_lowered(model, plan_for(opts, found, fp32, other))
+        plan = plan_for(opts, found, fp32, other,
                         metrics={"baseline": base.value, "tuned": metric, "target": accept.target,
                                  "tolerance": opts.tolerance, "absolute": opts.absolute,
                                  "lower_is_better": opts.lower_is_better, "noise": base.spread,

@@ -26,15 +26,18 @@ def drop(metric: float | None, base: Baseline, accept: Acceptance) -> float:
     return fell / allowed
 
 
-def best_trial(trials: Sequence[Trial], chosen: frozenset[OpInstance] | None) -> Trial | None:
-    """The trial that confirmed the search's `chosen` set when there is one, else the smallest confirmed set."""
+def best_trial(trials: Sequence[Trial], chosen: frozenset[OpInstance] | None,
+               fallback: frozenset[OpInstance] = frozenset()) -> Trial | None:
+    """The trial that confirmed the search's `chosen` set (those of it in `fallback` run in the fallback dtype)
+    when there is one, else the confirmed trial with the fewest FP32 instances, then the fewest in the fallback."""
     passing = [t for t in trials if t.passed and not t.baseline]
     if chosen is not None:
-        wanted = tuple(sorted(c.label() for c in chosen))
-        found = [t for t in passing if t.fp32 == wanted]
+        wanted = tuple(sorted(c.label() for c in chosen - fallback))
+        other = tuple(sorted(c.label() for c in chosen & fallback))
+        found = [t for t in passing if t.fp32 == wanted and t.fallback == other]
         if found:
             return found[-1]
-    return min(passing, key=lambda t: len(t.fp32)) if passing else None
+    return min(passing, key=lambda t: (len(t.fp32), len(t.fallback))) if passing else None
 
 
 class SearchTrials:
@@ -53,7 +56,10 @@ class SearchTrials:
         self.base = base
         self.accept = accept
         self.options = options
-        self._memo: dict[frozenset[int], Probe] = {}
+        # a fallback chain: the candidates that run in the fallback dtype, not FP32, when a trial keeps them
+        # out of the lower dtype (the range rule's, then the search's once their fallback trial passed)
+        self.fallback: frozenset[OpInstance] = frozenset()
+        self._memo: dict[tuple[frozenset[int], frozenset[OpInstance]], Probe] = {}
         self._last: tuple[str, ...] | None = None  # the FP32 labels of the trial before (None: none yet)
 
     def rejudge(self, base: Baseline, accept: Acceptance, fp32_idx: frozenset[int], probe: Probe) -> Probe:
@@ -68,19 +74,24 @@ class SearchTrials:
             return probe
         trial = runs[at] = dataclasses.replace(runs[at], passed=accept.confirms(runs[at].metric))
         again = Probe(trial.passed, drop(trial.metric, base, accept))
-        self._memo[fp32_idx] = again
+        self._memo[fp32_idx, self.fallback] = again
         return again
 
     def probe(self, fp32_idx: frozenset[int], scores: Mapping[OpInstance, float]) -> Probe:
-        """The candidates in `fp32_idx` stay FP32, the rest run low. `scores` (the ranking) is PrecisionSearch's
-        to use; the label is the change from the previous trial."""
+        """The candidates in `fp32_idx` stay out of the lower dtype (FP32, or the fallback dtype for those in
+        `fallback`), the rest run low. `scores` (the ranking) is PrecisionSearch's to use; the label is the
+        change from the previous trial."""
         fp32_idx = self.evaluator.ranks.broadcast(fp32_idx)  # under torchrun every rank tests what rank 0 asks
-        if fp32_idx in self._memo:  # asked again by the search: already counted and reported
-            return self._memo[fp32_idx]
-        fp32 = self.found.pick(fp32_idx)
-        plan = plan_for(self.options, self.found, fp32)
+        if (fp32_idx, self.fallback) in self._memo:  # asked again by the search: already counted and reported
+            return self._memo[fp32_idx, self.fallback]
+        out = self.found.pick(fp32_idx)
+        other = out & self.fallback
+        fp32 = out - other
+        plan = plan_for(self.options, self.found, fp32, other)
         labels = tuple(sorted(c.label() for c in fp32))
         label = Change.between(self._last, labels).text(self.options.dtype)
+        if other:
+            label += f"; {len(other)} in {self.options.fallback}"
         self._last = labels
         try:
             trial = self.evaluator.trial(plan, label, self.found.shares_without(fp32), self.accept,
@@ -88,5 +99,5 @@ class SearchTrials:
         except (KeyboardInterrupt, Interrupted):
             raise SearchStopped(StopReason.INTERRUPTED) from None
         probe = Probe(trial.passed, drop(trial.metric, self.base, self.accept))
-        self._memo[fp32_idx] = probe
+        self._memo[fp32_idx, self.fallback] = probe
         return probe

@@ -3,8 +3,9 @@
 `observe(model, plan, inputs)` attaches `plan` to the FP32 model the way `tuner.load` and every trial do
 (`tuner.engine.attach`), runs `inputs` once under a `TorchDispatchMode` and records:
 
-- every use of every parameter: a parameter whose every use is a cast to the plan's lower dtype is
-  `lowered`: stored in that dtype, the loaded model computes the same bits as the FP32 model the
+- every use of every parameter: a parameter whose every use is a cast to one of the plan's 16-bit dtypes
+  (its lower dtype, or its fallback's: `Plan.fallback`) is `lowered`: stored in that dtype (FP32 where two
+  dtypes read it), the loaded model computes the same bits as the FP32 model the
   trials ran (the cast is then a no-op), whatever the container structure, parametrizations or
   fused kernels (a fused kernel that reads a weight directly is a use in FP32);
 - the dtypes every matmul/conv-like ATen op ran in, per module path (`ModuleTracker`'s paths:
@@ -28,6 +29,7 @@ from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from tuner.core.dtypes import short_name
 from tuner.core.inputs import ModelInputs
 from tuner.core.sharding import is_fsdp, local_tensor
 from tuner.engine.attach import attach, detach
@@ -80,12 +82,13 @@ def _storage(t: Tensor) -> int | None:
 class _Recorder(TorchDispatchMode):
     """Parameter uses (by storage, so views and tied weights count as their parameter) and GEMM dtypes."""
 
-    def __init__(self, params: dict[int, list[str]], lower: torch.dtype, tracker: ModuleTracker) -> None:
+    def __init__(self, params: dict[int, list[str]], lower: AbstractSet[torch.dtype], tracker: ModuleTracker) -> None:
         super().__init__()
         self.params = params
-        self.lower = lower
+        self.lower = lower  # the plan's 16-bit dtypes: its own, and its fallback's (a fallback chain)
         self.tracker = tracker
         self.uses: dict[str, set[tuple[str, bool]]] = {}  # parameter name -> (module path, a cast to `lower`?)
+        self.cast_to: dict[str, set[torch.dtype]] = {}  # parameter name -> the 16-bit dtypes it was cast to
         self.gemms: dict[str, set[torch.dtype]] = {}
         self.flops: dict[torch.dtype, int] = {}
         self.nested = False
@@ -109,9 +112,11 @@ class _Recorder(TorchDispatchMode):
             key = _storage(t)
             if key is None or key not in self.params or key in aliases:  # a view of a parameter is no use of it
                 continue
-            cast = name in _CASTS and isinstance(out, Tensor) and out.dtype == self.lower != t.dtype
+            cast = name in _CASTS and isinstance(out, Tensor) and out.dtype in self.lower and out.dtype != t.dtype
             for param in self.params[key]:  # by name: a gathered (FSDP2) parameter's storage is freed after use
                 self.uses.setdefault(param, set()).add((self.tracker.current_path(), cast))
+                if cast:
+                    self.cast_to.setdefault(param, set()).add(out.dtype)
         if name in GEMMS:
             dtypes = {t.dtype for t in tensors if t.dtype in _FLOATS}
             if dtypes:
@@ -136,7 +141,8 @@ def observe(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> Observ
             params.setdefault(key, []).append(name)
     entered: list[Any] = []
     tracker = ModuleTracker(model, on_enter=lambda module, path: entered[0](module, path))
-    recorder = _Recorder(params, plan.torch_dtype, tracker)
+    lower = {plan.torch_dtype} | ({plan.fallback_dtype} if plan.fallback_dtype is not None else set())
+    recorder = _Recorder(params, lower, tracker)
     entered.append(recorder.entered)
     attach(model, plan)
     tracker.install()
@@ -150,7 +156,9 @@ def observe(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> Observ
             hook.remove()
         tracker.remove()
         detach(model)
-    lowered = {name: plan.torch_dtype for name, found in recorder.uses.items() if all(cast for _, cast in found)}
+    # stored in the one 16-bit dtype every use casts it to; FP32 where two dtypes read it (a fallback chain)
+    lowered = {name: next(iter(recorder.cast_to[name])) for name, found in recorder.uses.items()
+               if all(cast for _, cast in found) and len(recorder.cast_to.get(name, ())) == 1}
     uses = {name: frozenset(found) for name, found in recorder.uses.items()}
     return Observation(lowered, recorder.gemms, output, uses, recorder.foreign, recorder.flops, recorder.nested)
 
@@ -204,6 +212,20 @@ def gemm_mismatches(ran: Mapping[str, AbstractSet[torch.dtype]], claimed: Mappin
     return problems
 
 
+def _dtype_share_problems(seen: Observation, by_dtype: Mapping[str, float]) -> list[str]:
+    """One line per 16-bit dtype whose share of the deployed forward's matmul/conv FLOPs (per ATen call) is not
+    the report's (`by_dtype`, by short name; a dtype it leaves out: 0)."""
+    total = sum(seen.flops.values())
+    problems = []
+    for dtype in sorted(LOWER_DTYPES, key=str):
+        ran = seen.flops.get(dtype, 0) / total if total else 0.0
+        said = by_dtype.get(short_name(dtype), 0.0)
+        if abs(ran - said) > SHARE_TOLERANCE:
+            problems.append(f"the report says {said:.6%} of matmul/conv FLOPs ran in {short_name(dtype)}, "
+                            f"{ran:.6%} did (counted per ATen call)")
+    return problems
+
+
 def _names(dtypes: AbstractSet[torch.dtype]) -> str:
     return ",".join(sorted(str(d).replace("torch.", "") for d in dtypes)) or "none"
 
@@ -242,7 +264,7 @@ Holding = Callable[[nn.Module, Mapping[str, torch.dtype]], AbstractContextManage
 def verify(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, lowered: Mapping[str, torch.dtype],
            claimed: Mapping[str, AbstractSet[torch.dtype]],
            tolerated: Mapping[str, AbstractSet[torch.dtype]], *, hold: Holding = stored_as,
-           share: float | None = None) -> Observation:
+           share: float | None = None, by_dtype: Mapping[str, float] | None = None) -> Observation:
     """The deployed forward (the model as the trials ran it: `lowered` stored lowered, the plan attached),
     after checking that its matmuls/convs ran in the dtypes the plan claims: `claimed` (module path -> the
     dtypes its matmul/conv ops computed in under the plan; `tolerated`: the dtypes of its other ops, whose
@@ -250,7 +272,8 @@ def verify(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, lowered: M
     report's share of matmul/conv FLOPs in the lower dtype) is not the share the deployed forward ran low,
     counted per ATen call (`Observation.flop_share`: what `benchmarks/aten_share.py` counts), unless the forward
     ran matmuls on NestedTensors (an nn.TransformerEncoder that dropped its padding computes fewer FLOPs than the
-    padded forward the report counts: a known difference, not a dtype one). `hold`: how
+    padded forward the report counts: a known difference, not a dtype one); and likewise for each 16-bit dtype's
+    share in `by_dtype` (the report's, by short name: a fallback chain's plan runs two). `hold`: how
     `lowered` is held (`Holding`)."""
     with hold(model, lowered):
         seen = observe(model, plan, inputs)
@@ -259,6 +282,8 @@ def verify(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, lowered: M
         problems.insert(0, f"the report says {share:.6%} of matmul/conv FLOPs ran in {plan.dtype}, "
                            f"{seen.flop_share:.6%} did (counted per ATen call: "
                            + ", ".join(f"{_names({d})} {n}" for d, n in sorted(seen.flops.items(), key=str)) + ")")
+    if by_dtype is not None and not seen.nested:
+        problems[:0] = _dtype_share_problems(seen, by_dtype)
     if problems:
         raise NotAsClaimed("the deployed model does not run what the plan claims (an mpt bug): "
                            + "; ".join(problems[:5]))

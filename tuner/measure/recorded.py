@@ -28,10 +28,11 @@ FROM_INPUTS = frozenset({Rule.PASSTHROUGH, Rule.FIRST_INPUT, Rule.PROMOTE})
 
 @dataclass(frozen=True)
 class PlanRecord:
-    """What a recorded forward of a plan tells: its shares; per module, the dtypes its matmul/conv ops
-    computed in (`claimed`) and those of its other ops (`tolerated`); the plan's FP32 (and fallback) overrides
-    that change nothing (`idle`: their inputs come in the dtype they name; dropping them leaves every op's dtype, so every number above, as it is); the op types
-    that computed in the lower precision somewhere (`low_ops`: what op-type lists must keep low)."""
+    """What a recorded forward of a plan tells: its shares; per module, the dtypes its matmul/conv ops computed in
+    (`claimed`) and those of its other ops (`tolerated`); the plan's FP32 (and fallback) overrides that change
+    nothing (`idle`: their inputs come in the dtype they name; dropping them leaves every op's dtype, so every
+    number above, as it is); the op types that computed in the lower precision somewhere (`low_ops`: what op-type
+    lists must keep low)."""
 
     shares: Shares
     claimed: Mapping[str, frozenset[torch.dtype]] = field(default_factory=dict)

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tuner.core.dtypes import short_name
 from tuner.engine.function_mode import Decision
 from tuner.measure.flops import op_flops
 from tuner.policy.rules import Rule
@@ -38,6 +39,9 @@ class Shares:
     flops: int = 0
     lower_flops: int = 0
     model_flops: int = 0  # FLOPs in the model's own FP32 regions (`Rule.MODEL_FP32`): no plan can lower them
+    # the lower FLOPs by the 16-bit dtype they ran in (`bf16`, `fp16`), sorted: two where a plan has a fallback
+    # chain (`Plan.fallback`); empty where not counted (a trial's shares, `without`)
+    by_dtype: tuple[tuple[str, int], ...] = ()
 
     @property
     def call_share(self) -> float:
@@ -61,15 +65,30 @@ class Shares:
     def short(self) -> str:
         return short_text(self.flop_share)
 
+    def dtype_shares(self) -> dict[str, float]:
+        """Each 16-bit dtype's share of the matmul/conv FLOPs, then FP32's (the rest), by short name."""
+        found = {name: n / self.flops if self.flops else 0.0 for name, n in self.by_dtype}
+        found["fp32"] = max(0.0, 1.0 - self.flop_share) if self.flops else 0.0
+        return found
+
     def text(self, dtype: str) -> str:
+        """The summary's line; where two 16-bit dtypes ran (a fallback chain) the share is "16-bit", split by
+        dtype: `97% of matmul/conv FLOPs (90% of op calls) in 16-bit (fp16 80%, bf16 17%)`."""
         kept = (f"; {percent(self.model_flops / self.flops)} of matmul/conv FLOPs kept FP32 by the model"
                 if self.model_flops else "")
+        if len([n for _, n in self.by_dtype if n]) > 1:
+            split = ", ".join(f"{name} {percent(share)}" for name, share in self.dtype_shares().items()
+                              if name != "fp32")
+            return share_text(self.flop_share, self.call_share, "16-bit") + f" ({split})" + kept
         return share_text(self.flop_share, self.call_share, dtype) + kept
 
-    def to_dict(self) -> dict[str, float]:
-        """The report.json keys of the plan's shares."""
+    def to_dict(self) -> dict[str, Any]:
+        """The report.json keys of the plan's shares: `low_precision_*` count both 16-bit dtypes, and
+        `flop_share_by_dtype` splits the matmul/conv FLOPs by the dtype they ran in (`16-bit`: their sum)."""
+        by_dtype: dict[str, float] = {"16-bit": self.flop_share, **self.dtype_shares()}
         return {"low_precision_flop_share": self.flop_share, "low_precision_call_share": self.call_share,
-                "model_fp32_flop_share": self.model_flops / self.flops if self.flops else 0.0}
+                "model_fp32_flop_share": self.model_flops / self.flops if self.flops else 0.0,
+                "flop_share_by_dtype": by_dtype}
 
 
 class ShareCounter:
@@ -83,6 +102,7 @@ class ShareCounter:
 
     def __init__(self) -> None:
         self._calls = self._lower_calls = self._flops = self._lower_flops = self._model_flops = 0
+        self._by_dtype: dict[str, int] = {}
 
     def add(self, decision: Decision, args: tuple, kwargs: dict, out: Any) -> None:
         """Count one call (the recorder's arguments)."""
@@ -99,10 +119,13 @@ class ShareCounter:
         if decision.ran_low:  # what its kernel computed in (`Decision.kernel`), not only what it was cast to
             self._lower_calls += 1
             self._lower_flops += flops
+            name = short_name(decision.ran)
+            self._by_dtype[name] = self._by_dtype.get(name, 0) + flops
 
     @property
     def shares(self) -> Shares:
-        return Shares(self._calls, self._lower_calls, self._flops, self._lower_flops, self._model_flops)
+        return Shares(self._calls, self._lower_calls, self._flops, self._lower_flops, self._model_flops,
+                      tuple(sorted(self._by_dtype.items())))
 
 
 def percent(share: float) -> str:

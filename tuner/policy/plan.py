@@ -177,16 +177,15 @@ class ModelRef:
 class Plan:
     """What `mpt tune` writes to plan.yaml: a preset, optional replacement op lists, and the overrides found.
 
-    A plan is a policy plus overrides: `preset` names the Policy (its op lists
-    replaced by `lower`/`fp32`/`promote` when given), `modules` maps module
-    paths or globs to a dtype, and `fp32_instances` are the single op calls the
-    search kept in FP32. `dtype` is the lower dtype, stored by its short name
-    (`bf16`, `fp16`). `fallback` is the other 16-bit dtype where the tune had a fallback chain, and
-    `fallback_instances` the op calls that compute in it rather than in `dtype` (an fp16 overflow runs in bf16
-    at the same speed, where FP32 would cost it); both absent from older plans, which read as they did. `metrics`, `model` and `checkpoint_sha256` are records of
-    the run and of the model it was made for; they do not change what runs. `for_training` marks a plan tuned
-    for training (`mpt tune --for-training`): its weights are the user's FP32 ones, only compute is lowered.
-    Validated on construction (ConfigError listing every problem).
+    A plan is a policy plus overrides: `preset` names the Policy (its op lists replaced by `lower`/`fp32`/`promote`
+    when given), `modules` maps module paths or globs to a dtype, and `fp32_instances` are the single op calls the
+    search kept in FP32. `dtype` is the lower dtype, stored by its short name (`bf16`, `fp16`). `fallback` is the
+    other 16-bit dtype where the tune had a fallback chain, and `fallback_instances` the op calls that compute in it
+    rather than in `dtype` (an fp16 overflow runs in bf16 at the same speed, where FP32 would cost it); both absent
+    from older plans, which read as they did. `metrics`, `model` and `checkpoint_sha256` are records of the run and
+    of the model it was made for; they do not change what runs. `for_training` marks a plan tuned for training (`mpt
+    tune --for-training`): its weights are the user's FP32 ones, only compute is lowered. Validated on construction
+    (ConfigError listing every problem).
     """
 
     dtype: str = "bf16"

@@ -76,8 +76,8 @@ def plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, *,
     deployed (`tuner.measure.deployed.observe`: the plan attached as `tuner.load` and the trials attach it).
 
     A parameter goes into `lowered` when every use of it in the deployed forward of the FP32 model is a cast
-    to the lower dtype (`weight_dtypes`): the trials ran with those stored lowered, as the checkpoint stores
-    them; tied parameters (one tensor, several
+    to the lower dtype, or every one to the fallback dtype (`weight_dtypes`; FP32 where both read it): the
+    trials ran with those stored lowered, as the checkpoint stores them; tied parameters (one tensor, several
     names) are lowered under all their names or none. `lowered`: what a deployed forward of this plan on the
     same model and inputs already observed (`TuneResult.lowered`): the second forward is then not run again.
     `recorded`: likewise the first (`TuneResult.recorded`, made by the tune on the same plan less the FP32
@@ -96,7 +96,8 @@ def verify_plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, 
     (`tuner.measure.deployed.verify`: NotAsClaimed, an internal error naming the modules, when not). `hold`:
     how the lowered parameters are held (`deployed.Holding`)."""
     return verify(model, plan, inputs, planned.lowered, planned.claimed, planned.tolerated, hold=hold,
-                  share=planned.shares.flop_share).output
+                  share=planned.shares.flop_share,
+                  by_dtype=planned.shares.dtype_shares() if planned.shares.by_dtype else None).output
 
 
 def check_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, path: str | Path,

@@ -11,7 +11,7 @@ from tuner.core.loader import DEFAULT_BUILD
 from tuner.policy.plan import ModelRef
 from tuner.report.metric_text import fmt_metric
 from tuner.report.outcome import TuneReport
-from tuner.report.reasons import fp32_reasons, run_facts, score_header, score_note
+from tuner.report.reasons import fallback_lines, fp32_reasons, run_facts, score_header, score_note
 from tuner.report.training_snippet import training_section
 from tuner.report.verdict import plan_share, run_digits
 from tuner.search.results import TuneResult, TuneStatus
@@ -25,21 +25,24 @@ def _cell(text: str) -> str:
 def report_markdown(result: TuneResult, report: TuneReport, out: Path) -> str:
     """The text of report.md; `out` is the output folder the load snippet names."""
     dtype = report.plan.dtype
+    chain = f"{dtype}, {report.plan.fallback} as first fallback" if report.plan.fallback else dtype
     facts = run_facts(result, report, out)
     d = run_digits(result, report)
     met = result.status is TuneStatus.MET
     status = "✅ target met" if met else "❌ target not met"
     n_fp32 = len(report.plan.fp32_instances)
-    lines = [f"### mpt tune: `{facts.model}` in {dtype} — {status}", "",
+    lines = [f"### mpt tune: `{facts.model}` in {chain} — {status}", "",
              f"**{fmt_metric(result.baseline, d)} → {fmt_metric(result.metric, d)}** (target "
              f"{fmt_metric(result.target, d)}) · {n_fp32} of {len(result.candidates)} op instances in FP32 · "
              f"{result.evals} evaluations in {facts.time_text()}", "",
              "| result | value |", "|---|---|",
              f"| baseline → tuned | {fmt_metric(result.baseline, d)} → {fmt_metric(result.metric, d)} |",
              f"| target | {fmt_metric(result.target, d)} |",
-             f"| in {dtype} | {plan_share(report)} |",
+             f"| in {'16-bit' if report.plan.fallback else dtype} | {plan_share(report)} |",
              f"| evaluations | {result.evals}" + (f" (chosen: trial {result.chosen})" if result.chosen else "") + " |",
-             f"| FP32 op instances | {n_fp32} of {len(result.candidates)} |"]
+             f"| FP32 op instances | {n_fp32} of {len(result.candidates)} |",
+             *([f"| {report.plan.fallback} op instances (fallback) | {len(report.plan.fallback_instances)} of "
+                f"{len(result.candidates)} |"] if report.plan.fallback else [])]
     if report.latency is not None:
         lines.append(f"| forward | {report.latency.text()} |")
     if report.execution.fast_paths():  # the FP32 model may have timed faster on them: say why they are off
@@ -116,8 +119,10 @@ def _details(result: TuneResult, report: TuneReport) -> list[str]:
                   f"| op instance | why FP32 | {score_header(dtype)} | FLOP share |", "|---|---|---|---|"]
         lines += [f"| `{r.label}` | {_cell(r.text(dtype))} | {r.score_text()} | {r.flop_text()} |" for r in reasons]
         lines += ["", score_note(dtype), "", "</details>", ""]
+    lines += fallback_lines(result, report)
     d = run_digits(result, report)
-    lines += ["<details><summary>Trials</summary>", "", f"| # | what changed | metric | result | in {dtype} |",
+    low = "16-bit" if report.plan.fallback else dtype
+    lines += ["<details><summary>Trials</summary>", "", f"| # | what changed | metric | result | in {low} |",
               "|---|---|---|---|---|"]
     for t in report.trials:
         outcome = "baseline" if t.baseline else "pass" if t.passed else "fail"

@@ -52,7 +52,8 @@ def verdict(result: TuneResult, report: TuneReport) -> Verdict:
         head = f"target not met: no plan reached {target} (baseline {base})"
         first = ("the plan is all FP32",)
     details = (*first, plan_share(report),
-               f"{len(result.plan.fp32_instances)} of {len(result.candidates)} op instances in FP32",
+               f"{len(result.plan.fp32_instances)} of {len(result.candidates)} op instances in FP32"
+               + (f", {len(result.plan.fallback_instances)} in {result.plan.fallback}" if result.plan.fallback else ""),
                f"{result.evals} evaluations")
     return Verdict(met=met, head=head, details=details)
 

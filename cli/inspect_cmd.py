@@ -83,8 +83,10 @@ def inspect_cmd(**values: Any) -> None:
         json.dump(run.to_dict(), sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")
         return
+    split = ", ".join(f"{d} {percent(v)}" for d, v in s.flop_share_by_dtype.items() if d != "fp32")
+    low = f"16-bit ({split})" if split else s.dtype  # a plan's fallback chain ran two 16-bit dtypes
     summary = (f"{s.policy} {s.dtype}: {s.lower_calls}/{s.calls} op calls ({percent(s.lower_call_share)}) and "
-               f"{percent(s.lower_flop_share)} of matmul/conv FLOPs in {s.dtype}; {s.casts} casts inserted; "
+               f"{percent(s.lower_flop_share)} of matmul/conv FLOPs in {low}; {s.casts} casts inserted; "
                f"output error {fmt_err(s.output_error)}")
     out = console()
     legend = rule_legend(r.rule for r in shown)

@@ -57,7 +57,10 @@ class AutocastFixes:
         plan = with_fp32_modules(plan, self.modules)
         known = set(plan.fp32_instances)
         added = tuple(c for c in self.root_calls if c not in known)
-        return dataclasses.replace(plan, fp32_instances=plan.fp32_instances + added) if added else plan
+        if not added:
+            return plan
+        return dataclasses.replace(plan, fp32_instances=plan.fp32_instances + added,
+                                   fallback_instances=tuple(i for i in plan.fallback_instances if i not in added))
 
 
 def autocast_failures(model: nn.Module, inputs: ModelInputs | tuple, plan: Plan, *,

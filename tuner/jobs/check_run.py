@@ -131,7 +131,8 @@ def plan_location(plan: str | Path) -> tuple[Path, Path]:
 def _check_modules(model: Any, plan: Plan) -> None:
     """The plan's module paths must exist in the model (globs excepted)."""
     names = {name for name, _ in model.named_modules()}
-    missing = sorted({i.module for i in plan.fp32_instances if i.module not in names and i.module != "-"})
+    missing = sorted({i.module for i in (*plan.fp32_instances, *plan.fallback_instances)
+                      if i.module not in names and i.module != "-"})
     missing += sorted({p for p, _ in plan.modules if not any(c in p for c in "*?[") and p not in names})
     if missing:
         shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
@@ -152,7 +153,7 @@ def _unused_instances(model: Any, plan: Plan, inputs: ModelInputs) -> list[str]:
                                           module_overrides=plan.module_overrides(),
                                           instance_overrides=plan.instance_overrides()):
         call_forward(model, inputs, what="forward on example_inputs")
-    return [i.label() for i in plan.fp32_instances if i.key() not in seen]
+    return [i.label() for i in (*plan.fp32_instances, *plan.fallback_instances) if i.key() not in seen]
 
 
 def _number(value: Any) -> float | None:

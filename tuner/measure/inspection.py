@@ -84,6 +84,8 @@ class InspectSummary:
     first_nonfinite: str | None
     dtype: str
     policy: str
+    # the matmul/conv FLOP share of each dtype they ran in, where a plan's fallback chain ran two 16-bit ones
+    flop_share_by_dtype: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -247,7 +249,8 @@ def _inspect(model: nn.Module, inputs: ModelInputs | tuple, policy: PolicyLike, 
         calls=shares.calls, lower_calls=shares.lower_calls, lower_call_share=shares.call_share,
         flops=shares.flops, lower_flops=shares.lower_flops, lower_flop_share=shares.flop_share,
         casts=sum(r.casts for r in records), output_error=relative_error(output, reference.output),
-        first_nonfinite=first_bad, dtype=short_name(probe.dtype), policy=probe.policy.name)
+        first_nonfinite=first_bad, dtype=short_name(probe.dtype), policy=probe.policy.name,
+        flop_share_by_dtype=shares.dtype_shares() if len(shares.by_dtype) > 1 else {})
     return InspectResult(records=records, summary=summary)
 
 

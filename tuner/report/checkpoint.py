@@ -435,7 +435,8 @@ def _check_fits(model: nn.Module, plan: Plan, directory: Path, tensors: Mapping[
             problems.append(f"{name}: shape {tuple(tensors[name].shape)} in the checkpoint, "
                             f"{tuple(state[name].shape)} in the model")
     modules = {name for name, _ in model.named_modules()}
-    unknown = sorted({i.module for i in plan.fp32_instances if i.module not in modules and i.module != "-"})
+    unknown = sorted({i.module for i in (*plan.fp32_instances, *plan.fallback_instances)
+                      if i.module not in modules and i.module != "-"})
     if unknown:
         problems.append(f"plan names modules the model lacks: {', '.join(unknown[:5])}")
     if problems:

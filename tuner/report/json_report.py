@@ -37,6 +37,7 @@ def report_dict(result: TuneResult, report: TuneReport) -> dict[str, Any]:
         "warnings": list(report.warnings),
         "candidates": len(result.candidates),
         "fp32_instances": [i.label() for i in plan.fp32_instances],
+        "fallback_instances": [i.label() for i in plan.fallback_instances],  # in plan.fallback (a fallback chain)
         **report.shares.to_dict(),
         "chosen_trial": result.chosen,
         "latency_ms": report.latency.to_dict() if report.latency is not None else None,
@@ -61,13 +62,13 @@ def _op_lists(report: TuneReport) -> dict[str, Any] | None:
         return None
     share = lists.list_shares.flop_share if lists.list_shares is not None else None
     return {"exact": lists.exact, "mixed": list(lists.mixed), "low_precision_flop_share": share,
-            "raised": lists.raised or None}
+            "raised": lists.raised or None, "fallback": list(lists.fallback)}
 
 
 def _trial(t: Trial) -> dict[str, Any]:
     return {"n": t.n, "label": t.label, "fp32": list(t.fp32), "metric": t.metric, "passed": t.passed,
             "baseline": t.baseline, "seconds": t.seconds, "low_precision_flop_share": t.shares.flop_share,
-            "error": t.error, "from_journal": t.from_journal, "fp32_recorded": t.kept}
+            "error": t.error, "from_journal": t.from_journal, "fp32_recorded": t.kept, "fallback": list(t.fallback)}
 
 
 def _execution(ex: Execution) -> dict[str, Any]:

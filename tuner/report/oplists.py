@@ -8,6 +8,9 @@ list when the plan keeps any instance of it in FP32. Where the plan keeps one in
 runs another low, the lists cannot say so: they keep the type FP32 everywhere, and `TypeLevel` says which
 types that cost and how much of the plan's lower-precision share (measured by one recorded forward of the
 lists' plan, `type_level`). `mpt tune --granularity type` tunes a plan the lists express as it is.
+
+Both tools take one lower dtype per run: a plan with a fallback chain (`Plan.fallback`: op instances in the
+other 16-bit dtype) is beyond them, so the lists keep those op types FP32 and say so (`TypeLevel.fallback`).
 """
 from __future__ import annotations
 
@@ -38,11 +41,27 @@ class TypeLevel:
     plan_shares: Shares | None = None
     list_shares: Shares | None = None
     raised: str = ""  # what the lists' plan made the model's own code raise on the example inputs (no share then)
+    fallback: tuple[str, ...] = ()  # op types the plan runs in its fallback dtype: the lists keep them FP32
 
     @property
     def exact(self) -> bool:
         """The lists express the instance plan as it is."""
-        return not self.mixed
+        return not self.mixed and not self.fallback
+
+    def fallback_text(self) -> str:
+        """What the lists cannot say of a fallback chain, plainly, and the share it costs; "" without one."""
+        if not self.fallback:
+            return ""
+        plan = self.plan
+        types = ", ".join(f"`{t}`" for t in self.fallback)
+        text = (f"> HMP and Gaudi autocast take one lower dtype per run, so the op-type lists cannot run {types} in "
+                f"{plan.fallback} beside {plan.dtype} as this plan does (its fallback chain): they keep "
+                f"{'it' if len(self.fallback) == 1 else 'them'} FP32")
+        if self.plan_shares is not None and self.list_shares is not None:
+            own, listed = self.plan_shares.flop_share, self.list_shares.flop_share
+            text += (f": {listed:.1%} of matmul/conv FLOPs in 16-bit against the plan's {own:.1%} "
+                     f"({(own - listed) * 100:.1f} points lost)")
+        return text + ". `tuner.load` and `tuner.autocast` run the plan as it is."
 
     def names(self, tool: str) -> tuple[list[str], list[str]]:
         """(lower list, FP32 list) as `tool` ("hmp" or "gaudi") names the ops, sorted."""
@@ -63,23 +82,24 @@ def lists_plan(plan: Plan, types: frozenset[str]) -> Plan:
     lower = sorted(policy.lower - matched - types)
     fp32 = sorted(policy.fp32 | types)
     return Plan(dtype=plan.dtype, preset=plan.preset, lower=tuple(lower), fp32=tuple(fp32), modules=plan.modules,
-                model=plan.model, for_training=plan.for_training)
+                model=plan.model, for_training=plan.for_training)  # no fallback: one lower dtype per run
 
 
 def type_level(plan: Plan, model: nn.Module | None = None, inputs: ModelInputs | None = None) -> TypeLevel:
     """The plan as op-type lists; with `model` and `inputs`, which types the lists cost and how much share,
     from one recorded forward of each plan (no grad; the model is left as it was)."""
-    types = frozenset(i.op for i in plan.fp32_instances)
+    other = tuple(sorted({i.op for i in plan.fallback_instances}))  # one lower dtype per run: FP32 in the lists
+    types = frozenset(i.op for i in plan.fp32_instances) | set(other)
     listed = lists_plan(plan, types)
     policy = listed.policy()
     if model is None or inputs is None or not (inputs.args or inputs.kwargs):
-        return TypeLevel(listed, policy.lower, policy.fp32)
+        return TypeLevel(listed, policy.lower, policy.fp32, fallback=other)
     own = record_plan(model, plan, inputs)
-    mixed = tuple(sorted(types & own.low_ops))
-    if not mixed:
+    mixed = tuple(sorted(frozenset(i.op for i in plan.fp32_instances) & own.low_ops))
+    if not mixed and not other:
         return TypeLevel(listed, policy.lower, policy.fp32, mixed, own.shares, own.shares)
     try:
         shares = record_plan(model, listed, inputs).shares
     except Exception as exc:  # noqa: BLE001  (a plan the lists make can break the model's own code: a finding)
-        return TypeLevel(listed, policy.lower, policy.fp32, mixed, own.shares, None, exc_line(exc, 200))
-    return TypeLevel(listed, policy.lower, policy.fp32, mixed, own.shares, shares)
+        return TypeLevel(listed, policy.lower, policy.fp32, mixed, own.shares, None, exc_line(exc, 200), other)
+    return TypeLevel(listed, policy.lower, policy.fp32, mixed, own.shares, shares, fallback=other)

@@ -35,6 +35,8 @@ def training_section(lists: TypeLevel | None, out: Path) -> list[str]:
 def _cost(lists: TypeLevel) -> list[str]:
     """What the lists cost where they cannot express the plan; one line saying they do where they can."""
     dtype = lists.plan.dtype
+    if lists.fallback:
+        return [lists.fallback_text(), ""]
     if lists.exact:
         return ["The lists express this plan as it is: every op type is FP32 everywhere or nowhere.", ""]
     types = ", ".join(f"`{t}`" for t in lists.mixed)

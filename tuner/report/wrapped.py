@@ -61,14 +61,16 @@ class Rename:
     def plan(self, plan: Plan) -> Plan:
         """`plan` on the model: paths renamed, those outside it dropped. The recorded structure digest is
         left out: it is the tuned model's (the checkpoint's names and shapes are checked against the model)."""
-        instances = []
-        for inst in plan.fp32_instances:
-            path = self.module_path(inst.module)
-            if path is not None:
-                instances.append(OpInstance(path, inst.op, inst.index))
+        instances, others = self._instances(plan.fp32_instances), self._instances(plan.fallback_instances)
         modules = [(p, d) for p, d in ((self.module_path(p), d) for p, d in plan.modules) if p is not None]
         model = None if plan.model is None else dataclasses.replace(plan.model, structure="")
-        return dataclasses.replace(plan, fp32_instances=tuple(instances), modules=tuple(modules), model=model)
+        return dataclasses.replace(plan, fp32_instances=instances, fallback_instances=others, modules=tuple(modules),
+                                   model=model)
+
+    def _instances(self, instances: tuple[OpInstance, ...]) -> tuple[OpInstance, ...]:
+        """`instances` on the model: paths renamed, those outside it dropped."""
+        found = ((self.module_path(i.module), i) for i in instances)
+        return tuple(OpInstance(path, i.op, i.index) for path, i in found if path is not None)
 
 
 def checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]] | None:

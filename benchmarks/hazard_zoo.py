@@ -34,6 +34,11 @@ latency timing):
   is FP32's), each call taking its whole unit as a loaded plan runs it; its share, and whether its plan
   meets the target (one trial). On an fp16 case mpt must reach at least its share when it passes.
 - **exact**: `mpt tune --rank exact`'s share and evaluations (for comparison, no target).
+- **chain** (issue 46): `mpt tune --fallback OTHER` (fp16 falls back to bf16, bf16 to fp16, FP32 last): its
+  16-bit share of matmul/conv FLOPs (both dtypes), its metric and evaluations, beside the FP32-fallback plan's
+  share and metric. PASS when it ends with no fewer 16-bit FLOPs than the FP32-fallback plan, within
+  ceil(log2 N) + 4 + CHAIN_TRIALS evaluations, and, on an fp16 case whose FP32-fallback plan's FP32 ops hold
+  in bf16 (that plan with them in bf16 meets the target: `holds`, one evaluation), at >= 0.99 of FLOPs in 16-bit.
 - **honest**: every "output error, alone in DTYPE" shown for an FP32 instance (report.json `scores`, the
   column of report.md) is at least a tenth of that op's measured output error alone in the lower dtype
   (a fresh model, `tuner.attach` with every other candidate FP32, relative error of the output on the
@@ -73,10 +78,13 @@ from tuner.jobs.tune_run import tune_into_folder  # noqa: E402
 from tuner.measure.inspection import relative_error  # noqa: E402
 from tuner.options.tune import TuneOptions  # noqa: E402
 from tuner.policy.plan import OpInstance, Plan  # noqa: E402
+from tuner.search.session import CHAIN_TRIALS  # noqa: E402
 
 EXHAUSTIVE_UNITS = 10
 FP16_MAX = 65504.0
 SPLITS = ("design", "heldout", "all")
+OTHER = {"fp16": "bf16", "bf16": "fp16"}  # a case's fallback chain: the other 16-bit dtype first
+CHAIN_SHARE = 0.99  # an fp16 case whose overflowing ops hold in bf16 ends with this share of FLOPs in 16-bit
 
 
 def case_files(split: str = "all", only: list[str] | None = None) -> list[Path]:
@@ -126,6 +134,11 @@ class Row:
     range_passes: bool | None = None
     exact_share: float | None = None
     exact_evals: int | None = None
+    metric: float | None = None  # the FP32-fallback plan's metric
+    chain_share: float | None = None  # with the fallback chain: the 16-bit share, the metric, the evaluations
+    chain_metric: float | None = None
+    chain_evals: int | None = None
+    holds: bool | None = None  # fp16: the FP32-fallback plan with its FP32 ops in bf16 meets the target
     dishonest: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -140,7 +153,16 @@ class Row:
         ranged = self.dtype == "fp16" and bool(self.range_passes) and self.range_share is not None
         return {"evals": self.evals is not None and self.evals <= self.eval_target, "share": ok_share,
                 "range": (self.share is not None and self.share >= self.range_share - 1e-9) if ranged else None,
-                "honest": not self.dishonest and self.evals is not None}
+                "honest": not self.dishonest and self.evals is not None, "chain": self.chain_ok()}
+
+    def chain_ok(self) -> bool | None:
+        """The fallback chain's targets (module docstring); None where the FP32-fallback tune found no plan."""
+        if self.share is None:
+            return None
+        if self.chain_share is None or self.chain_evals is None:
+            return False
+        enough = self.chain_share >= self.share - 1e-9 and self.chain_evals <= self.eval_target + CHAIN_TRIALS
+        return enough and (not self.holds or self.chain_share >= CHAIN_SHARE)
 
 
 def _tune(mod: types.ModuleType, out: Path, **extra: Any) -> tuple[Any, dict[str, Any]]:
@@ -248,11 +270,16 @@ def run_case(path: Path, *, work: Path, exact: bool = True) -> Row:
         result, report = _tune(mod, work / f"{path.stem}-mpt")
         row.candidates, row.evals = len(result.candidates), report["evaluations"]
         row.share = report["low_precision_flop_share"] if result.chosen is not None else None
+        row.metric = result.metric
         start = [_instance(x) for x in report["fp32_instances"]]
         alone = alone_errors(mod, list(result.candidates), report["fp32_instances"])
         row.dishonest = dishonest(report, alone)
     except Exception as exc:  # noqa: BLE001 - mpt ended the tune: that is this case's result
         row.errors.append(f"mpt tune: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+    try:
+        chain_case(mod, path, work, start, row)
+    except Exception as exc:  # noqa: BLE001
+        row.errors.append(f"--fallback: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
     if exact:
         try:
             result, report = _tune(mod, work / f"{path.stem}-exact", rank="exact")
@@ -273,13 +300,35 @@ def run_case(path: Path, *, work: Path, exact: bool = True) -> Row:
     return row
 
 
+def chain_case(mod: types.ModuleType, path: Path, work: Path, fp32: list[OpInstance] | None, row: Row) -> None:
+    """The tune with the fallback chain (row.chain_*), and for fp16 whether the FP32-fallback plan's FP32 ops hold
+    in bf16 (row.holds: that plan with them in bf16, evaluated once against the tune's target)."""
+    result, report = _tune(mod, work / f"{path.stem}-chain", fallback=OTHER[mod.TUNE["dtype"]])
+    row.chain_evals = report["evaluations"]
+    row.chain_share = report["low_precision_flop_share"] if result.chosen is not None else None
+    row.chain_metric = result.metric
+    if mod.TUNE["dtype"] != "fp16" or not fp32 or row.share is None:
+        return
+    moved = Plan(dtype="fp16", fallback="bf16", fallback_instances=tuple(sorted(fp32)))
+    with torch.no_grad():
+        metric = float(mod.evaluate(tuner.attach(mod.build_model(), moved)))
+    lower = bool(report["plan"]["metrics"]["lower_is_better"])
+    target = report["target"]
+    row.holds = math.isfinite(metric) and (metric <= target if lower else metric >= target)
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4g}"
+
+
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
 def render(rows: list[Row]) -> str:
-    headers = ["case", "split", "dtype", "N", "units", "evals (target)", "evals", "share mpt", "best known",
-               "how", "share", "range rule", "range", "--rank exact", "honest", "s"]
+    headers = ["case", "split", "dtype", "N", "units", "evals (target)", "evals", "share mpt", "metric",
+               "best known", "how", "share", "range rule", "range", "--rank exact", "honest", "chain 16-bit",
+               "chain metric", "chain evals", "holds", "chain", "s"]
     out = []
     for r in rows:
         v = r.verdicts()
@@ -287,10 +336,12 @@ def render(rows: list[Row]) -> str:
         verdict = "passes" if r.range_passes else "fails"
         range_text = "-" if r.range_share is None else f"{_pct(r.range_share)} ({verdict})"
         exact = "-" if r.exact_evals is None else f"{_pct(r.exact_share)} in {r.exact_evals}"
+        holds = "-" if r.holds is None else "yes" if r.holds else "no"
         out.append([r.case, r.split, r.dtype, r.candidates, r.units,
                     "-" if r.evals is None else f"{r.evals} ({r.eval_target})", mark["evals"], _pct(r.share),
-                    _pct(r.best), r.best_how, mark["share"], range_text, mark["range"], exact, mark["honest"],
-                    f"{r.seconds:.0f}"])
+                    _num(r.metric), _pct(r.best), r.best_how, mark["share"], range_text, mark["range"], exact,
+                    mark["honest"], _pct(r.chain_share), _num(r.chain_metric),
+                    "-" if r.chain_evals is None else str(r.chain_evals), holds, mark["chain"], f"{r.seconds:.0f}"])
     lines = [table(headers, out), ""]
     for r in rows:
         for note in r.errors + [f"estimate below a tenth of the measured: {d}" for d in r.dishonest]:

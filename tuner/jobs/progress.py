@@ -67,7 +67,9 @@ class ProgressDisplay:
         chosen = f", trial {result.chosen}" if result.chosen else ""
         self.console.print(f"{met}: baseline {fmt_metric(result.baseline, d)} -> tuned {tuned} (target "
                            f"{fmt_metric(result.target, d)}){chosen}; {len(result.plan.fp32_instances)} of "
-                           f"{len(result.candidates)} op instances in FP32; {result.evals} evaluations",
+                           f"{len(result.candidates)} op instances in FP32"
+                           + (f", {len(result.plan.fallback_instances)} in {result.plan.fallback}"
+                              if result.plan.fallback else "") + f"; {result.evals} evaluations",
                            markup=False)
 
     def trial_line(self, t: Trial) -> str:

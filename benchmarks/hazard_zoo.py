@@ -318,7 +318,7 @@ def chain_case(mod: types.ModuleType, path: Path, work: Path, fp32: list[OpInsta
 
 
 def _num(x: float | None) -> str:
-    return "-" if x is None else f"{x:.4g}"
+    return "-" if x is None else f"{x:.6g}"
 
 
 def _pct(x: float | None) -> str:

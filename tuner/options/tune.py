@@ -50,11 +50,6 @@ class TuneOptions(Options):
     """
 
     dtype: str = dtype_option("bf16")
-    fallback: str | None = option(None, "The first fallback of an op that fails in --dtype: the other 16-bit dtype "
-                                  "(--dtype fp16 --fallback bf16: an op whose values leave fp16's range runs in "
-                                  "bf16, at the same speed on a GPU, not FP32); FP32 stays the last fallback. "
-                                  "Default: none, FP32 at once.", Kind.CHOICE, choices=LOWER_CHOICES,
-                                  after="dtype")
     preset: str | None = preset_option()
     tolerance: float = tolerance_option(None, "Allowed loss against the FP32 baseline: relative (0.01 = 1%) unless "
                                               "--absolute. Default 0.01; with --metric, the metric's own (absolute: "
@@ -83,6 +78,11 @@ class TuneOptions(Options):
                               "HMP's and Gaudi autocast's, express as it is).", Kind.CHOICE,
                               choices=tuple(g.value for g in Granularity))
 
+    fallback: str | None = option(None, "The first fallback of an op that fails in --dtype: the other 16-bit dtype "
+                                  "(--dtype fp16 --fallback bf16: an op whose values leave fp16's range runs in "
+                                  "bf16, at the same speed on a GPU, not FP32); FP32 stays the last fallback. "
+                                  "Default: none, FP32 at once.", Kind.CHOICE, choices=LOWER_CHOICES,
+                                  after="dtype")
     metric: str | None = option(None, "Built-in fidelity metric against the FP32 model's outputs on calibration "
                                 "batches (--data, calibration_batches() or a list from example_inputs()), used "
                                 "instead of evaluate: agreement (top-1), cosine, kl, rel-error; or a language "

@@ -42,7 +42,9 @@ def report_markdown(result: TuneResult, report: TuneReport, out: Path) -> str:
              f"| evaluations | {result.evals}" + (f" (chosen: trial {result.chosen})" if result.chosen else "") + " |",
              f"| FP32 op instances | {n_fp32} of {len(result.candidates)} |",
              *([f"| {report.plan.fallback} op instances (fallback) | {len(report.plan.fallback_instances)} of "
-                f"{len(result.candidates)} |"] if report.plan.fallback else [])]
+                f"{len(result.candidates)} |"] if report.plan.fallback else []),
+             *(f"| fallback chain | {_cell(n[len('fallback chain: '):])} |" for n in result.notes
+               if n.startswith("fallback chain: "))]
     if report.latency is not None:
         lines.append(f"| forward | {report.latency.text()} |")
     if report.execution.fast_paths():  # the FP32 model may have timed faster on them: say why they are off

@@ -44,3 +44,14 @@ def test_exhaustive_best_known_on_the_control():
     zoo.best_known(zoo.load_case(zoo.CASES / "control.py"), None, row)
     assert row.units == 3 and row.best == 1.0 and row.best_how.startswith("exhaustive (8)")
     assert row.range_passes and row.range_share == 1.0
+
+
+def test_the_fallback_chain_columns_on_the_mlp_chain(tmp_path):
+    """Issue 46: the chain's tune ends with every FLOP in 16-bit where the FP32-fallback plan keeps the chain
+    FP32 (64.6%), and that plan's FP32 ops hold in bf16."""
+    zoo = _zoo()
+    path = zoo.CASES / "fp16_mlp_chain.py"
+    row = zoo.Row("fp16_mlp_chain", "design", "fp16", candidates=7, evals=3, share=0.646)
+    fp32 = [zoo._instance("up:linear#0"), zoo._instance("down:linear#0")]
+    zoo.chain_case(zoo.load_case(path), path, tmp_path, fp32, row)
+    assert row.chain_share == 1.0 and row.chain_evals == 3 and row.holds and row.chain_ok()

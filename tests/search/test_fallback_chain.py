@@ -11,6 +11,7 @@ from tests.assets import fp16_chains
 from tests.search.test_training_mode import FP16, X, Amplified, Trainer
 from tuner.search.results import TuneStatus
 from tuner.search.session import CHAIN_TRIALS, tune
+from tuner.workspace.journal import Journal, RunFingerprint
 
 
 def _chain(build):
@@ -73,3 +74,18 @@ def test_bf16_falls_back_to_fp16_where_its_precision_is_short():
     assert result.plan.fallback == "fp16" and result.plan.fallback_instances
     assert result.recorded is not None and result.recorded.shares.flop_share == 1.0
     assert result.evals <= plain.evals + CHAIN_TRIALS
+
+
+def test_a_resumed_chain_reads_its_fallback_trials_from_the_journal(tmp_path):
+    """A trial's journal key names its fallback instances: a resumed run repeats no evaluation, the chain's
+    included, and writes the same plan."""
+    def run(resume):
+        journal = Journal(tmp_path / "journal.jsonl", RunFingerprint(source="s", weights="w"), resume=resume)
+        return tune(_mlp, None, BATCHES, dtype="bf16", fallback="fp16", metric="rel-error", tolerance=1.5e-3,
+                    journal=journal)
+
+    whole = run(False)
+    again = run(True)
+    assert whole.plan.fallback_instances and again.plan == whole.plan
+    assert [t.from_journal for t in again.trials] == [True] * len(whole.trials)
+    assert [t.fallback for t in again.trials] == [t.fallback for t in whole.trials]

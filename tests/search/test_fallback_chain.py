@@ -89,3 +89,12 @@ def test_a_resumed_chain_reads_its_fallback_trials_from_the_journal(tmp_path):
     assert whole.plan.fallback_instances and again.plan == whole.plan
     assert [t.from_journal for t in again.trials] == [True] * len(whole.trials)
     assert [t.fallback for t in again.trials] == [t.fallback for t in whole.trials]
+
+
+def test_a_bound_before_the_chains_trial_keeps_the_searchs_plan_and_says_so():
+    plain = tune(_mlp, None, BATCHES, dtype="bf16", metric="rel-error", tolerance=1.5e-3)
+    cut = tune(_mlp, None, BATCHES, dtype="bf16", fallback="fp16", metric="rel-error", tolerance=1.5e-3,
+               max_evals=plain.evals)
+    assert cut.stopped == "max_evals" and cut.status is TuneStatus.MET
+    assert cut.plan.fp32_instances == plain.plan.fp32_instances and not cut.plan.fallback_instances
+    assert any("not tried in fp16 (a bound was reached)" in n for n in cut.notes)

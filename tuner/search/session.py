@@ -453,11 +453,12 @@ class TuneSession:
                               f"({search.guide.seconds:.1f} s)")
         if outcome.fp32 is None:
             return None, outcome.stopped  # type: ignore[return-value]
-        if self.fallback is not None and outcome.stopped is None:
-            self.chain(found, units, outcome.fp32, trials, fixed)
+        stopped = outcome.stopped
+        if self.fallback is not None and stopped is None:
+            stopped = self.chain(found, units, outcome.fp32, trials, fixed)
         chosen = found.pick(fixed | {i for n in outcome.fp32 for i in units[n]})
         self.chosen_fallback = chosen & trials.fallback
-        return chosen, outcome.stopped  # type: ignore[return-value]
+        return chosen, stopped  # type: ignore[return-value]
 
     def _search(self, found: Candidates, scores: Scores, trials: SearchTrials, first: Probe,
                 low: LowForward | None, limits: AidLimits, fixed: frozenset[int],
@@ -474,10 +475,11 @@ class TuneSession:
         return search.run(), search
 
     def chain(self, found: Candidates, units: list[tuple[int, ...]], picked: frozenset[int], trials: SearchTrials,
-              fixed: frozenset[int]) -> None:
+              fixed: frozenset[int]) -> StopReason | None:
         """A fallback chain's second link: the units the search kept FP32 tried in the fallback dtype, all of
         them in one trial, then (when that fails and there are two or more) the costlier half; the first that
-        passes joins `trials.fallback`. At most CHAIN_TRIALS evaluations past the search's, said in a note."""
+        passes joins `trials.fallback`. At most CHAIN_TRIALS evaluations past the search's, said in a note.
+        Returns why a bound cut it short (the search's plan stands); an interrupt ends the tune."""
         out = sorted(picked, key=lambda n: -sum(found.costs[found.instances[i]] for i in units[n]))
         groups = [out, out[:len(out) // 2]][:CHAIN_TRIALS if len(out) > 1 else 1] if out else []
         keep = fixed | {i for n in picked for i in units[n]}
@@ -489,18 +491,21 @@ class TuneSession:
                 passed = trials.probe(keep, {}).passed
             except SearchStopped as stop:
                 trials.fallback = before
+                if stop.reason is StopReason.INTERRUPTED:
+                    raise
                 self.notes.append(f"fallback chain: the search's FP32 units were not tried in "
-                                  f"{self.options.fallback} ({stop.reason})")
-                return
+                                  f"{self.options.fallback} (a bound was reached)")
+                return stop.reason  # type: ignore[return-value]
             if passed:
                 self.notes.append(f"fallback chain: {len(group)} of the search's {len(out)} FP32 unit(s) run in "
                                   f"{self.options.fallback} instead ({spent} evaluation(s) past the search's)")
-                return
+                return None
             trials.fallback = before
         if groups:
             self.notes.append(f"fallback chain: the search's {len(out)} FP32 unit(s) failed in "
                               f"{self.options.fallback} too ({spent} evaluation(s) past the search's); they stay "
                               "FP32")
+        return None
 
     def guide(self, found: Candidates, units: list[tuple[int, ...]], low: LowForward | None,
               limits: AidLimits = FULL, fixed: frozenset[int] = frozenset(),

@@ -1,0 +1,232 @@
+"""mpt's fixed costs against a short evaluation: a GPT-2 774M tuned zero-code, timed by phase.
+
+On a GPU a large model's evaluation takes about a second, so what mpt does once per tune (writing the
+checkpoint, measuring the report, moving tensors to the host) is what the user waits for (issue 44: a GPT-2
+774M tuned on cuda in 23.6 s wall where its two evaluations took 1.1 s). This script saves a GPT-2 774M
+(`GPT2Config(n_embd=1280, n_layer=36, n_head=20)`, seeded random init, `save_pretrained`) and a small
+calibration file (2 x 64 tokens, so an evaluation is short on a CPU too) to a temp folder, runs
+`mpt tune hf:DIR --data ... --metric kl --dtype bf16` in a fresh process with mpt's phases timed from inside
+(exclusive time in the functions `PHASES` names; the search's phases from report.json's `seconds.phases`),
+and prints a table by phase.
+
+Target: mpt's own time besides importing, loading the model once and writing the checkpoint once is at most
+3 s plus 10% of the evaluations' time. Own time is the tune process's wall time less the imports (mpt,
+torch, transformers), the first model load, the time inside evaluate and the first checkpoint write.
+
+    python benchmarks/fixed_costs.py                     # GPT-2 774M on the CPU (a few minutes)
+    python benchmarks/fixed_costs.py --layers 2          # the same width, 2 layers: a quick smoke run
+    python benchmarks/fixed_costs.py --device cuda       # on a GPU
+    python benchmarks/fixed_costs.py --code /tmp/old     # the tuner/ and cli/ of another checkout (before/after)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+OWN_FIXED, OWN_SHARE = 3.0, 0.10  # the target: own time <= 3 s + 10% of the evaluations' time
+
+# (phase, module, attribute path): timed exclusively in the child (a nested phase's time is its own only)
+PHASES = [
+    ("model load", "tuner.core.hf", "build_hf_model"),
+    ("checkpoint write", "tuner.core.safetensors_write", "write_safetensors"),
+    ("checkpoint check", "tuner.report.checkpoint", "save_checkpoint"),
+    ("report: latency timing", "tuner.report.latency", "compare_latency"),
+    ("report: verifying forward", "tuner.measure.deployed", "verify"),
+    ("report: op lists", "tuner.report.oplists", "type_level"),
+    ("report: measuring, rest", "tuner.report.measuring", "measure_report"),
+    ("report: other files", "tuner.report.writer", "write_outputs"),
+]
+FIRST_ONLY = {"model load", "checkpoint write"}  # the first call is not mpt's own time; a second one is
+
+
+def child(argv: list[str], timings: Path) -> int:
+    """Run `mpt` in this process with PHASES timed; the timings go to `timings` as JSON."""
+    start = time.monotonic()
+    import functools
+    import importlib
+
+    import torch  # noqa: F401 - the imports are a phase of their own
+    import transformers  # noqa: F401
+
+    import tuner  # noqa: F401
+    from mpt_cli.main import main
+
+    imported = time.monotonic() - start
+    spent: dict[str, float] = {}
+    first: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    stack: list[list[float]] = []
+
+    def timed(name: str, fn):  # type: ignore[no-untyped-def]
+        @functools.wraps(fn)
+        def wrapper(*a, **k):  # type: ignore[no-untyped-def]
+            stack.append([time.monotonic(), 0.0])
+            try:
+                found = fn(*a, **k)
+                if name == "model load" and name not in first:
+                    _read_in(found)
+                return found
+            finally:
+                begun, nested = stack.pop()
+                took = time.monotonic() - begun
+                spent[name] = spent.get(name, 0.0) + took - nested
+                calls[name] = calls.get(name, 0) + 1
+                first.setdefault(name, took - nested)
+                if stack:
+                    stack[-1][1] += took
+        return wrapper
+
+    for name, module, attr in PHASES:
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        fn = getattr(mod, attr, None)
+        if fn is None:
+            continue
+        wrapped = timed(name, fn)
+        for other in list(sys.modules.values()):  # also where it was imported by name
+            if other is not None and getattr(other, "__name__", "").startswith(("tuner", "mpt_cli")) \
+                    and getattr(other, attr, None) is fn:
+                setattr(other, attr, wrapped)
+    try:
+        main(argv, standalone_mode=False)
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    timings.write_text(json.dumps({"wall": time.monotonic() - start, "imports": imported, "spent": spent,
+                                   "first": first, "calls": calls, "tuner": tuner.__file__}))
+    return code
+
+
+def _read_in(model) -> None:  # type: ignore[no-untyped-def]
+    """Touch every page of the model's tensors: a model loaded from safetensors maps the file and reads it at
+    first use, which would otherwise count as whatever phase touches the weights first."""
+    import torch
+
+    module = getattr(model, "model", model)  # (mpt's wrapper of a sentence encoder holds the model)
+    if isinstance(module, torch.nn.Module):
+        with torch.no_grad():
+            for t in module.state_dict().values():
+                if t.numel() and t.device.type == "cpu":
+                    step = max(1, 4096 // t.element_size())
+                    t.reshape(-1)[::step].sum()
+
+
+def make_model(folder: Path, layers: int, batch: int, tokens: int) -> None:
+    """A GPT-2 774M-wide LM (seeded random init) saved with save_pretrained, and its calibration inputs."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    torch.manual_seed(0)
+    config = GPT2Config(n_embd=1280, n_layer=layers, n_head=20)
+    GPT2LMHeadModel(config).save_pretrained(folder)
+    ids = torch.randint(0, config.vocab_size, (batch, tokens), generator=torch.Generator().manual_seed(1))
+    save_file({"input_ids": ids}, str(folder / "calibration.safetensors"))
+
+
+def shim(code: Path, work: Path) -> Path:
+    """A folder to put first on PYTHONPATH so that `tuner` and `mpt_cli` are `code`'s tuner/ and cli/."""
+    folder = work / "code"
+    folder.mkdir()
+    (folder / "tuner").symlink_to(code.resolve() / "tuner")
+    (folder / "mpt_cli").symlink_to(code.resolve() / "cli")
+    return folder
+
+
+def run_tune(args: argparse.Namespace, model: Path, work: Path) -> dict:
+    out, timings = work / "out", work / "timings.json"
+    path = [str(shim(args.code, work))] if args.code else []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*path, str(ROOT)])}
+    cmd = [sys.executable, __file__, "--child", str(timings), "tune", f"hf:{model}", "--data",
+           str(model / "calibration.safetensors"), "--metric", args.metric, "--dtype", args.dtype, "--device",
+           args.device, "--out", str(out), *args.mpt_args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0 or not timings.exists():
+        raise SystemExit(f"the tune failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    found = json.loads(timings.read_text())
+    found["report"] = json.loads((out / "report.json").read_text())
+    found["summary"] = proc.stdout.strip().splitlines()[-2:]
+    return found
+
+
+def rows_of(r: dict) -> tuple[list[list[str]], float, float]:
+    """The table's rows, mpt's own time and the evaluations' time."""
+    seconds = r["report"]["seconds"]
+    evals = float(seconds["evaluations"])
+    spent, first, calls = r["spent"], r["first"], r["calls"]
+    excluded = r["imports"] + evals + sum(first.get(n, 0.0) for n in FIRST_ONLY)
+    own = r["wall"] - excluded
+    search = {p: v["own"] for p, v in seconds["phases"].items() if p != "report"}
+    rows = [["process wall", f"{r['wall']:.2f}", ""], ["imports (mpt, torch, transformers)", f"{r['imports']:.2f}",
+                                                        "excluded"],
+            [f"evaluations ({r['report']['evaluations']})", f"{evals:.2f}", "excluded"]]
+    for name in FIRST_ONLY:
+        if name in spent:
+            rows.append([f"{name} (first of {calls[name]})", f"{first[name]:.2f}", "excluded"])
+            if calls[name] > 1:
+                rows.append([f"{name} (the {calls[name] - 1} more)", f"{spent[name] - first[name]:.2f}", "own"])
+    rows += [[name, f"{spent[name]:.2f}", "own"] for name, *_ in PHASES if name in spent and name not in FIRST_ONLY]
+    report_total = sum(spent.get(name, 0.0) for name, *_ in PHASES if name.startswith(("report", "checkpoint check")))
+    rows.append(["report phase, all but the first write (sum of the above)", f"{report_total:.2f}", "own"])
+    rows += [[f"search: {p}", f"{s:.2f}", "own"] for p, s in search.items()]
+    rest = own - report_total - sum(search.values()) - sum(spent[n] - first[n] for n in FIRST_ONLY if n in spent)
+    rows.append(["the rest (CLI, folder, journal, fingerprint, process end)", f"{rest:.2f}", "own"])
+    rows.append(["**mpt's own time**", f"{own:.2f}", ""])
+    return rows, own, evals
+
+
+def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        return child(sys.argv[3:], Path(sys.argv[2]))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from _common import machine_line, pass_fail, table, work_folder
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cpu", help="where the model runs (`mpt tune --device`): cpu or cuda")
+    ap.add_argument("--layers", type=int, default=36, help="GPT-2 blocks (36: GPT-2 774M; 2: a quick smoke run)")
+    ap.add_argument("--batch", type=int, default=2, help="calibration sequences")
+    ap.add_argument("--tokens", type=int, default=64, help="tokens per sequence")
+    ap.add_argument("--metric", default="kl")
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--code", type=Path, default=None,
+                    help="a checkout whose tuner/ and cli/ to run (e.g. a worktree of main: before/after)")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the model folder and outputs here")
+    ap.add_argument("--mpt-args", nargs=argparse.REMAINDER, default=[], help="more `mpt tune` options (last)")
+    args = ap.parse_args()
+    print(f"# fixed costs: {machine_line()}, device {args.device}\n")
+    with work_folder(args.keep, "mpt-fixed-costs-") as work:
+        model = work / "gpt2"
+        t0 = time.monotonic()
+        if not (model / "config.json").exists():
+            make_model(model, args.layers, args.batch, args.tokens)
+        print(f"GPT-2 ({args.layers} layers, n_embd 1280) saved in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+        with tempfile.TemporaryDirectory(dir=work) as tmp:
+            r = run_tune(args, model, Path(tmp))
+    rows, own, evals = rows_of(r)
+    limit = OWN_FIXED + OWN_SHARE * evals
+    code = args.code or ROOT
+    print(f"code: {code} (tuner from {Path(r['tuner']).parent}); {r['report']['evaluations']} evaluations, "
+          f"{100 * r['report']['low_precision_flop_share']:.1f}% of matmul/conv FLOPs low; "
+          f"checkpoint {r['report']['checkpoint']['bytes'] / 2**30:.2f} GiB\n")
+    print(table(["phase", "seconds", "counts as"], rows))
+    print("\n**Targets**\n")
+    print(table(["target", "measured", "limit", "result"],
+                [["mpt's own time <= 3 s + 10% of the evaluations", f"{own:.2f} s", f"{limit:.2f} s",
+                  pass_fail(own <= limit)]]))
+    return 0 if own <= limit else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

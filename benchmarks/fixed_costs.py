@@ -56,7 +56,7 @@ def child(argv: list[str], timings: Path) -> int:
     import torch  # noqa: F401 - the imports are a phase of their own
     import transformers  # noqa: F401
 
-    import tuner  # noqa: F401
+    import tuner
     from mpt_cli.main import main
 
     imported = time.monotonic() - start
@@ -97,11 +97,21 @@ def child(argv: list[str], timings: Path) -> int:
             if other is not None and getattr(other, "__name__", "").startswith(("tuner", "mpt_cli")) \
                     and getattr(other, attr, None) is fn:
                 setattr(other, attr, wrapped)
+    profile = os.environ.get("MPT_FIXED_COSTS_PROFILE")
+    profiler = None
+    if profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
     try:
         main(argv, standalone_mode=False)
         code = 0
     except SystemExit as exc:
         code = int(exc.code or 0)
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(profile)
     timings.write_text(json.dumps({"wall": time.monotonic() - start, "imports": imported, "spent": spent,
                                    "first": first, "calls": calls, "tuner": tuner.__file__}))
     return code
@@ -149,6 +159,8 @@ def run_tune(args: argparse.Namespace, model: Path, work: Path) -> dict:
     out, timings = work / "out", work / "timings.json"
     path = [str(shim(args.code, work))] if args.code else []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*path, str(ROOT)])}
+    if args.profile:
+        env["MPT_FIXED_COSTS_PROFILE"] = str(args.profile.resolve())
     cmd = [sys.executable, __file__, "--child", str(timings), "tune", f"hf:{model}", "--data",
            str(model / "calibration.safetensors"), "--metric", args.metric, "--dtype", args.dtype, "--device",
            args.device, "--out", str(out), *args.mpt_args]
@@ -202,6 +214,7 @@ def main() -> int:
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--code", type=Path, default=None,
                     help="a checkout whose tuner/ and cli/ to run (e.g. a worktree of main: before/after)")
+    ap.add_argument("--profile", type=Path, default=None, help="also write the tune's cProfile stats here")
     ap.add_argument("--keep", type=Path, default=None, help="keep the model folder and outputs here")
     ap.add_argument("--mpt-args", nargs=argparse.REMAINDER, default=[], help="more `mpt tune` options (last)")
     args = ap.parse_args()

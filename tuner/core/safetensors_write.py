@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
 import torch
 from safetensors.torch import save_file
 
@@ -166,7 +165,7 @@ def write_safetensors(tensors: Mapping[str, torch.Tensor], path: str | Path,
         for data in _host_bytes([tensors[name] for name in order if tensors[name].numel()], grouped):
             if pending is not None:
                 pending.result()
-            pending = pool.submit(digest.update, data)  # hashed beside the copy into the file (both free the GIL)
+            pending = pool.submit(digest.update, data.data)  # hashed beside the copy into the file (both free the GIL)
             out.write(data)
         if pending is not None:
             pending.result()

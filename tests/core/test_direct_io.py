@@ -13,7 +13,8 @@ from safetensors.torch import load_file, save_file
 
 import tuner.core.direct_io as dio
 from tuner.core.direct_io import DirectWriter, read_chunks
-from tuner.core.safetensors_write import read_safetensors, write_safetensors
+from tuner.core.fingerprint import sha256_file
+from tuner.core.safetensors_write import Written, read_safetensors, write_safetensors
 
 
 def _payload(n: int, seed: int = 0) -> bytes:
@@ -104,10 +105,26 @@ def test_write_safetensors_gives_the_file_safetensors_writes(tmp_path):
 
 
 def test_a_dtype_the_writer_does_not_know_is_left_to_safetensors(tmp_path):
-    state = {"w": torch.randn(4).to(torch.float8_e4m3fn), "b": torch.randn(2)}
-    write_safetensors(state, tmp_path / "m.safetensors")
+    shared = torch.randn(6)
+    state = {"w": torch.randn(4).to(torch.float8_e4m3fn), "b": torch.randn(2), "tied": shared, "again": shared}
+    written = write_safetensors(state, tmp_path / "m.safetensors")  # (tied: safetensors wants them apart)
     loaded = load_file(str(tmp_path / "m.safetensors"))
     assert loaded["w"].dtype == torch.float8_e4m3fn and torch.equal(loaded["w"].float(), state["w"].float())
+    assert torch.equal(loaded["tied"], shared) and torch.equal(loaded["again"], shared)
+    assert written.sha256 == sha256_file(tmp_path / "m.safetensors")
+
+
+def test_tied_tensors_are_written_under_each_name_from_their_own_memory(tmp_path, monkeypatch):
+    """mpt's writer takes a tensor shared by two names from its memory twice (no copy of a tied embedding,
+    which safetensors' writer would need), and the digest it returns is the file's."""
+    shared = torch.randn(64, 8)
+    state = {"embed.weight": shared, "head.weight": shared, "bias": torch.randn(8)}
+    monkeypatch.setattr(torch.Tensor, "clone", lambda *a, **k: pytest.fail("a tensor was copied"))
+    written = write_safetensors(state, tmp_path / "m.safetensors")
+    monkeypatch.undo()
+    loaded = load_file(str(tmp_path / "m.safetensors"))
+    assert all(torch.equal(loaded[k], v) for k, v in state.items())
+    assert written == Written(sha256_file(tmp_path / "m.safetensors"), (tmp_path / "m.safetensors").stat().st_size)
 
 
 def test_complex_tensors_of_every_width_round_trip_bit_for_bit(tmp_path):

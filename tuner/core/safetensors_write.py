@@ -134,6 +134,25 @@ def _host_bytes(tensors: list[torch.Tensor], grouped: bool) -> Iterator[np.ndarr
     yield from flush()
 
 
+def _distinct(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors on the host, each one whose bytes overlap a tensor already taken (a tied weight's second
+    name) copied: safetensors' own writer refuses tensors that share memory (ours writes each name's bytes)."""
+    out: dict[str, torch.Tensor] = {}
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for name, t in tensors.items():
+        t = t.detach().cpu().contiguous()
+        if t.numel():
+            start = t.data_ptr()
+            end = start + t.numel() * t.element_size()
+            taken = spans.setdefault(t.untyped_storage().data_ptr(), [])
+            if any(start < e and s < end for s, e in taken):
+                t = t.clone()
+            else:
+                taken.append((start, end))
+        out[name] = t
+    return out
+
+
 def _header(tensors: Mapping[str, torch.Tensor], order: list[str], metadata: Mapping[str, str] | None) -> bytes:
     head: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
     at = 0
@@ -152,7 +171,7 @@ def write_safetensors(tensors: Mapping[str, torch.Tensor], path: str | Path,
     file's sha256 and size, hashed as written (module docstring). `grouped`: see `_host_bytes`."""
     tensors, metadata = stored_form(tensors, metadata)
     if sys.byteorder != "little" or any(t.dtype not in FORMAT_DTYPES for t in tensors.values()):
-        save_file({n: t.cpu() for n, t in tensors.items()}, str(path), metadata=dict(metadata) if metadata else None)
+        save_file(_distinct(tensors), str(path), metadata=dict(metadata) if metadata else None)
         return Written(sha256_file(path), Path(path).stat().st_size)  # (no writer of ours: read to hash it)
     order = sorted(tensors, key=lambda name: (_RANK[tensors[name].dtype], name))
     header = _header(tensors, order, metadata)

@@ -191,8 +191,8 @@ def save_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, p
 
     No copy of the model is made: tensors are written from the model's own
     storage, the lowered ones packed in place as the trials held them
-    (`deployed.stored_as`; only a non-contiguous tensor or a second name of a
-    tied weight is copied; tensors off the CPU come to the host a group at a time:
+    (`deployed.stored_as`; only a non-contiguous tensor is copied; tensors off the CPU come to the host a group
+    at a time:
     `tuner.core.safetensors_write`). The file is hashed as it is written. `lowered` is `plan_pass(...).lowered`
     when the caller already ran that pass; otherwise it runs here. `check`: then the file written is checked
     against the model as the trials held it (`_check_written`: its size and header, no second read), in the same
@@ -205,10 +205,8 @@ def save_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, p
     fp32_bytes = sum(t.numel() * (4 if t.is_floating_point() else t.element_size())
                      for t in model.state_dict(keep_vars=True).values())
     with hold(model, lowered):  # the lowered parameters as the trials held them: bf16 packed in place
-        tensors: dict[str, Tensor] = {}
-        spans: dict[tuple[str, int], list[tuple[int, int]]] = {}
-        for name, t in model.state_dict().items():
-            tensors[name] = _unaliased(t.detach().contiguous(), spans)
+        # (a tied weight is written under each of its names from the same memory: the file holds it twice)
+        tensors = {name: t.detach().contiguous() for name, t in model.state_dict().items()}
         written: list[Written] = []
         # one metadata key: safetensors writes its metadata map in a random order, and the checkpoint's bytes
         # (its sha256 in plan.yaml) must be the same for the same weights. Which tensors were lowered is their dtype.
@@ -222,29 +220,6 @@ def save_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, p
 
 def _save(tensors: dict[str, Tensor], path: str | Path, *, grouped: bool = False) -> Written:
     return write_safetensors(tensors, path, metadata={"format": "pt"}, grouped=grouped)
-
-
-def _unaliased(t: Tensor, spans: dict[tuple[str, int], list[tuple[int, int]]]) -> Tensor:
-    """`t`, or a copy of it when its bytes overlap a tensor already kept (tied weights).
-
-    safetensors refuses tensors that share memory; a state dict with tied
-    weights (an embedding reused as the output layer) lists one tensor under
-    two names. Only the second name's tensor is copied; both names are
-    written, so the checkpoint still loads into a model by name.
-    """
-    if t.numel() == 0:
-        return t
-    key = (str(t.device), t.untyped_storage().data_ptr())
-    start = t.data_ptr()
-    end = start + t.numel() * t.element_size()
-    taken = spans.setdefault(key, [])
-    if any(start < e and s < end for s, e in taken):
-        t = t.clone()
-        key = (str(t.device), t.untyped_storage().data_ptr())
-        start, end = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
-        taken = spans.setdefault(key, [])
-    taken.append((start, end))
-    return t
 
 
 def load(model: nn.Module | str, plan: str | Path | Plan | None = None, *,

@@ -167,3 +167,22 @@ def test_where_the_file_system_takes_o_direct_whole_chunks_go_direct(tmp_path):
         assert out.direct and out.written == 2 * 8192  # two whole chunks flushed, direct
     assert not out.direct and out.written == len(data)  # the tail, 100 bytes, through the cache
     assert (tmp_path / "f.bin").read_bytes() == data
+
+
+def test_tensors_off_the_cpu_come_to_the_host_in_groups_and_give_the_same_file(tmp_path, monkeypatch):
+    """`grouped` runs the path a GPU's tensors take (one copy to the host per group of consecutive tensors, up to
+    GROUP_BYTES, a larger one alone) on the CPU: the same bytes, the same digest, a copy per group, not per tensor."""
+    import tuner.core.safetensors_write as sw
+
+    state = {f"t{i}": torch.randn(8, generator=torch.Generator().manual_seed(i)) for i in range(40)}
+    state["big"] = torch.randn(100)  # 400 bytes: past the group size below, alone
+    plain = write_safetensors(state, tmp_path / "plain.safetensors")
+    monkeypatch.setattr(sw, "GROUP_BYTES", 128)  # 4 tensors of 32 bytes a group
+    copies = []
+    real = torch.Tensor.cpu
+    monkeypatch.setattr(torch.Tensor, "cpu", lambda self, *a, **k: copies.append(self.numel()) or real(self, *a, **k))
+    grouped = write_safetensors(state, tmp_path / "grouped.safetensors", grouped=True)
+    monkeypatch.undo()
+    assert (tmp_path / "grouped.safetensors").read_bytes() == (tmp_path / "plain.safetensors").read_bytes()
+    assert grouped == plain and plain.sha256 == sha256_file(tmp_path / "plain.safetensors")
+    assert sorted(copies) == [128] * 10 + [400]  # 41 tensors, 11 copies

@@ -115,7 +115,7 @@ def check_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, 
             raise _not_as_claimed(path, f"cannot be read ({str(exc).splitlines()[0]})") from None
         found, _ = stored_form(found, None)
         for name, t in found.items():
-            if not torch.equal(_bytes(t), _bytes(state[name])):
+            if not torch.equal(_bytes(t), _bytes(state[name]).to(t.device)):  # (not on a tune's path: a copy each)
                 raise _not_as_claimed(path, f"{name} has other values in the file than in the trials")
 
 
@@ -192,9 +192,8 @@ def save_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, p
     No copy of the model is made: tensors are written from the model's own
     storage, the lowered ones packed in place as the trials held them
     (`deployed.stored_as`; only a non-contiguous tensor is copied; tensors off the CPU come to the host a group
-    at a time:
-    `tuner.core.safetensors_write`). The file is hashed as it is written. `lowered` is `plan_pass(...).lowered`
-    when the caller already ran that pass; otherwise it runs here. `check`: then the file written is checked
+    at a time: `tuner.core.safetensors_write`). The file is hashed as it is written. `lowered` is
+    `plan_pass(...).lowered` when the caller already ran that pass; otherwise it runs here. `check`: then the file written is checked
     against the model as the trials held it (`_check_written`: its size and header, no second read), in the same
     packing of the weights (the lowered parameters packed once, not twice). `hold`: how the lowered
     parameters are held (`deployed.Holding`; the tune's keeper leaves them held for what comes next).

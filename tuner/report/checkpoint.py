@@ -189,15 +189,15 @@ def save_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, p
                     hold: Holding = stored_as, grouped: bool = False) -> CheckpointInfo:
     """Write the converted state dict; returns how many parameters it lowered, its size and its sha256.
 
-    No copy of the model is made: tensors are written from the model's own
-    storage, the lowered ones packed in place as the trials held them
-    (`deployed.stored_as`; only a non-contiguous tensor is copied; tensors off the CPU come to the host a group
-    at a time: `tuner.core.safetensors_write`). The file is hashed as it is written. `lowered` is
-    `plan_pass(...).lowered` when the caller already ran that pass; otherwise it runs here. `check`: then the file written is checked
-    against the model as the trials held it (`_check_written`: its size and header, no second read), in the same
-    packing of the weights (the lowered parameters packed once, not twice). `hold`: how the lowered
-    parameters are held (`deployed.Holding`; the tune's keeper leaves them held for what comes next).
-    `grouped`: every tensor comes to the host through the groups a GPU's take (`write_safetensors`).
+    No copy of the model is made: tensors are written from the model's own storage, the lowered ones packed in
+    place as the trials held them (`deployed.stored_as`; only a non-contiguous tensor is copied; tensors off the
+    CPU come to the host a group at a time: `tuner.core.safetensors_write`). The file is hashed as it is
+    written. `lowered` is `plan_pass(...).lowered` when the caller already ran that pass; otherwise it runs
+    here. `check`: then the file written is checked against the model as the trials held it (`_check_written`:
+    its size and header, no second read), in the same packing of the weights (the lowered parameters packed
+    once, not twice). `hold`: how the lowered parameters are held (`deployed.Holding`; the tune's keeper leaves
+    them held for what comes next). `grouped`: every tensor comes to the host through the groups a GPU's take
+    (`write_safetensors`).
     """
     if lowered is None:
         lowered = lowered_parameters(model, plan, inputs)

@@ -13,7 +13,8 @@ from safetensors.torch import load_file, save_file
 
 import tuner.core.direct_io as dio
 from tuner.core.direct_io import DirectWriter, read_chunks
-from tuner.core.safetensors_write import read_safetensors, write_safetensors
+from tuner.core.fingerprint import sha256_file
+from tuner.core.safetensors_write import Written, read_safetensors, write_safetensors
 
 
 def _payload(n: int, seed: int = 0) -> bytes:
@@ -104,10 +105,26 @@ def test_write_safetensors_gives_the_file_safetensors_writes(tmp_path):
 
 
 def test_a_dtype_the_writer_does_not_know_is_left_to_safetensors(tmp_path):
-    state = {"w": torch.randn(4).to(torch.float8_e4m3fn), "b": torch.randn(2)}
-    write_safetensors(state, tmp_path / "m.safetensors")
+    shared = torch.randn(6)
+    state = {"w": torch.randn(4).to(torch.float8_e4m3fn), "b": torch.randn(2), "tied": shared, "again": shared}
+    written = write_safetensors(state, tmp_path / "m.safetensors")  # (tied: safetensors wants them apart)
     loaded = load_file(str(tmp_path / "m.safetensors"))
     assert loaded["w"].dtype == torch.float8_e4m3fn and torch.equal(loaded["w"].float(), state["w"].float())
+    assert torch.equal(loaded["tied"], shared) and torch.equal(loaded["again"], shared)
+    assert written.sha256 == sha256_file(tmp_path / "m.safetensors")
+
+
+def test_tied_tensors_are_written_under_each_name_from_their_own_memory(tmp_path, monkeypatch):
+    """mpt's writer takes a tensor shared by two names from its memory twice (no copy of a tied embedding,
+    which safetensors' writer would need), and the digest it returns is the file's."""
+    shared = torch.randn(64, 8)
+    state = {"embed.weight": shared, "head.weight": shared, "bias": torch.randn(8)}
+    monkeypatch.setattr(torch.Tensor, "clone", lambda *a, **k: pytest.fail("a tensor was copied"))
+    written = write_safetensors(state, tmp_path / "m.safetensors")
+    monkeypatch.undo()
+    loaded = load_file(str(tmp_path / "m.safetensors"))
+    assert all(torch.equal(loaded[k], v) for k, v in state.items())
+    assert written == Written(sha256_file(tmp_path / "m.safetensors"), (tmp_path / "m.safetensors").stat().st_size)
 
 
 def test_complex_tensors_of_every_width_round_trip_bit_for_bit(tmp_path):
@@ -150,3 +167,22 @@ def test_where_the_file_system_takes_o_direct_whole_chunks_go_direct(tmp_path):
         assert out.direct and out.written == 2 * 8192  # two whole chunks flushed, direct
     assert not out.direct and out.written == len(data)  # the tail, 100 bytes, through the cache
     assert (tmp_path / "f.bin").read_bytes() == data
+
+
+def test_tensors_off_the_cpu_come_to_the_host_in_groups_and_give_the_same_file(tmp_path, monkeypatch):
+    """`grouped` runs the path a GPU's tensors take (one copy to the host per group of consecutive tensors, up to
+    GROUP_BYTES, a larger one alone) on the CPU: the same bytes, the same digest, a copy per group, not per tensor."""
+    import tuner.core.safetensors_write as sw
+
+    state = {f"t{i}": torch.randn(8, generator=torch.Generator().manual_seed(i)) for i in range(40)}
+    state["big"] = torch.randn(100)  # 400 bytes: past the group size below, alone
+    plain = write_safetensors(state, tmp_path / "plain.safetensors")
+    monkeypatch.setattr(sw, "GROUP_BYTES", 128)  # 4 tensors of 32 bytes a group
+    copies = []
+    real = torch.Tensor.cpu
+    monkeypatch.setattr(torch.Tensor, "cpu", lambda self, *a, **k: copies.append(self.numel()) or real(self, *a, **k))
+    grouped = write_safetensors(state, tmp_path / "grouped.safetensors", grouped=True)
+    monkeypatch.undo()
+    assert (tmp_path / "grouped.safetensors").read_bytes() == (tmp_path / "plain.safetensors").read_bytes()
+    assert grouped == plain and plain.sha256 == sha256_file(tmp_path / "plain.safetensors")
+    assert sorted(copies) == [128] * 10 + [400]  # 41 tensors, 11 copies

@@ -2,6 +2,8 @@
 does not hold into an internal error naming the module."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -10,7 +12,7 @@ from torch import nn
 import tuner
 from tuner import OpInstance, Plan
 from tuner.measure.deployed import NotAsClaimed, gemm_mismatches, observe, stored_as, verify, weight_dtypes
-from tuner.report.checkpoint import check_checkpoint, plan_pass, save_checkpoint, verify_plan_pass
+from tuner.report.checkpoint import check_checkpoint, load, plan_pass, save_checkpoint, verify_plan_pass
 
 BF16, FP32 = torch.bfloat16, torch.float32
 
@@ -72,8 +74,14 @@ def test_a_checkpoint_that_does_not_give_the_trials_bits_is_an_internal_error(tm
     assert model.a.bias.dtype == FP32  # the model is left as it was
 
 
-def test_saving_with_check_compares_the_file_written_within_the_same_packing(tmp_path, monkeypatch):
+def test_saving_with_check_catches_a_file_other_than_planned_without_reading_it_back(tmp_path, monkeypatch):
+    """The check after writing reads the header back, not the data: a writer that lays out another dtype, or
+    writes fewer bytes than it says, is an internal error, within the same packing; a byte changed on its way to
+    the disk leaves the file's sha256 other than the one recorded, which tuner.load refuses."""
+    import tuner.core.direct_io as dio
     import tuner.report.checkpoint as ckpt
+    from tuner.core.errors import PlanMismatchError
+    from tuner.core.fingerprint import sha256_file
 
     model, x = Net().eval(), torch.randn(3, 8)
     planned = plan_pass(model, Plan(), (x,))
@@ -81,14 +89,40 @@ def test_saving_with_check_compares_the_file_written_within_the_same_packing(tmp
     save_checkpoint(model, Plan(), (x,), path, lowered=planned.lowered, check=True)  # what it wrote is right
     written = ckpt._save
 
-    def corrupted(tensors, where):  # a writer that changes one value on the way to disk
-        written({**tensors, "a.bias": tensors["a.bias"] + 1}, where)
+    def widened(tensors, where, **kwargs):  # a writer that stores one tensor in another dtype
+        return written({**tensors, "a.bias": tensors["a.bias"].double()}, where, **kwargs)
 
-    monkeypatch.setattr(ckpt, "_save", corrupted)
-    save_checkpoint(model, Plan(), (x,), path, lowered=planned.lowered)  # unchecked: nothing noticed
-    with pytest.raises(NotAsClaimed, match="model.safetensors does not reproduce.*a.bias"):
-        save_checkpoint(model, Plan(), (x,), path, lowered=planned.lowered, check=True)
+    with monkeypatch.context() as m:
+        m.setattr(ckpt, "_save", widened)
+        save_checkpoint(model, Plan(), (x,), path, lowered=planned.lowered)  # unchecked: nothing noticed
+        with pytest.raises(NotAsClaimed, match="model.safetensors does not reproduce.*a.bias is F64"):
+            save_checkpoint(model, Plan(), (x,), path, lowered=planned.lowered, check=True)
     assert model.a.bias.dtype == FP32  # unpacked however the check ends
+
+    def short(tensors, where, **kwargs):  # the writer's count says more than the file holds
+        done = written(tensors, where, **kwargs)
+        return dataclasses.replace(done, size=done.size + 8)
+
+    with monkeypatch.context() as m:
+        m.setattr(ckpt, "_save", short)
+        with pytest.raises(NotAsClaimed, match="bytes, .* were written"):
+            save_checkpoint(model, Plan(), (x,), path, lowered=planned.lowered, check=True)
+
+    real_write = dio.DirectWriter.write
+
+    def flipped(self, data):  # one byte of the data changed on its way to the disk
+        if not isinstance(data, bytes) and data.size > 4:
+            data = data.copy()
+            data[-1] ^= 1
+        real_write(self, data)
+
+    with monkeypatch.context() as m:
+        m.setattr(dio.DirectWriter, "write", flipped)
+        info = save_checkpoint(model, Plan(), (x,), path, lowered=planned.lowered, check=True)
+    assert info.sha256 != sha256_file(path)
+    Plan(checkpoint_sha256=info.sha256).save(tmp_path / "plan.yaml")
+    with pytest.raises(PlanMismatchError, match="sha256 differs"):
+        load(Net().eval(), tmp_path)
 
 
 def test_the_plan_pass_takes_the_weight_dtypes_already_observed_and_observes_them_itself_otherwise(monkeypatch):

@@ -57,6 +57,24 @@ def test_the_tune_hands_the_reported_plans_observed_weight_dtypes_to_the_report(
     assert measure_report(result, model, latency=False).lowered == result.lowered
 
 
+def test_the_report_runs_no_recorded_forward_the_tune_already_ran(tuned, monkeypatch):
+    """The report takes the tune's record of the plan (`TuneResult.recorded`) and records only what the tune did
+    not: the list files' plan, where an op type is mixed (issue 44: a forward of a 774M model each)."""
+    import tuner.report.checkpoint as checkpoint
+    import tuner.report.oplists as oplists
+
+    task, result = tuned
+    assert result.recorded is not None
+    forwards = []
+    for module in (oplists, checkpoint):
+        real = module.record_plan
+        monkeypatch.setattr(module, "record_plan", lambda *a, real=real: forwards.append(a[1]) or real(*a))
+    report = measure_report(result, task.build(), latency=False)
+    assert report.lists is not None and report.lists.plan_shares == result.recorded.shares
+    assert forwards == ([] if report.lists.exact else [report.lists.plan])  # never the plan itself again
+    assert result.plan not in forwards
+
+
 def test_measure_report_times_when_asked(tuned):
     task, result = tuned
     report = measure_report(result, task.build(), latency=True)

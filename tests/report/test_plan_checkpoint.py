@@ -108,19 +108,47 @@ def test_attach_detach_and_hybrid_equals_engine():
         assert torch.equal(a(x), task.build()(x))  # back to plain FP32
 
 
-def test_the_check_after_writing_hashes_the_whole_file_as_it_reads_it(tmp_path):
-    """plan.yaml's checkpoint sha256 comes from the check's own read of the file (no second read of
-    gigabytes): the digest is the file's, and a check that does not run gives none (hashed apart then)."""
+def _no_second_read(monkeypatch):
+    """Make every way of reading a whole checkpoint back fail: the check after writing must not need one."""
+    import tuner.core.direct_io
+    import tuner.core.safetensors_write
+    import tuner.report.checkpoint
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the checkpoint was read back")
+
+    for module in (tuner.report.checkpoint, tuner.core.safetensors_write, tuner.core.direct_io):
+        for name in ("read_chunks", "sha256_file", "read_safetensors", "_FileReader"):
+            monkeypatch.setattr(module, name, refused, raising=False)
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_the_checkpoint_is_hashed_as_written_and_checked_without_reading_it_back(tmp_path, monkeypatch, grouped):
+    """plan.yaml's checkpoint sha256 is the file's real hash, taken as it was written (no second read of
+    gigabytes, with the check on or off; `grouped`: the tensors come to the host in groups, as a GPU's do), and
+    the lowered tensors are what tuner.load gives."""
     from tuner.core.fingerprint import sha256_file
 
     task = PlantedTask(16, 1)
     model = task.build()
     plan = Plan(dtype="bf16", preset="torch-cpu")
-    checked = save_checkpoint(model, plan, task.example_inputs(), tmp_path / "a.safetensors", check=True)
-    assert checked.sha256 == sha256_file(tmp_path / "a.safetensors") and checked.lowered > 0
-    unchecked = save_checkpoint(model, plan, task.example_inputs(), tmp_path / "b.safetensors")
-    assert unchecked.sha256 is None and "sha256" not in unchecked.to_dict()
     tied = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
-    tied[1].weight = tied[0].weight  # one tensor, two names: the file holds it once
-    info = save_checkpoint(tied, plan, (torch.randn(2, 8),), tmp_path / "c.safetensors", check=True)
+    tied[1].weight = tied[0].weight  # one tensor, two names: the file holds it twice
+    with monkeypatch.context() as m:
+        _no_second_read(m)
+        checked = save_checkpoint(model, plan, task.example_inputs(), tmp_path / "a.safetensors", check=True,
+                                  grouped=grouped)
+        unchecked = save_checkpoint(model, plan, task.example_inputs(), tmp_path / "b.safetensors", grouped=grouped)
+        info = save_checkpoint(tied, plan, (torch.randn(2, 8),), tmp_path / "c.safetensors", check=True,
+                               grouped=grouped)
+    assert checked.sha256 == sha256_file(tmp_path / "a.safetensors") and checked.lowered > 0
+    assert unchecked.sha256 == checked.sha256 and "sha256" not in unchecked.to_dict()
     assert info.sha256 == sha256_file(tmp_path / "c.safetensors")
+    lowered = lowered_parameters(model, plan, task.example_inputs())
+    Plan(dtype="bf16", preset="torch-cpu", checkpoint_sha256=checked.sha256).save(tmp_path / "plan.yaml")
+    (tmp_path / "model.safetensors").write_bytes((tmp_path / "a.safetensors").read_bytes())
+    loaded = load(task.build(), tmp_path)
+    state = dict(loaded.state_dict())
+    for name, dtype in lowered.items():
+        assert state[name].dtype == dtype
+        assert torch.equal(state[name], model.state_dict()[name].to(dtype))  # the trials' rounded values

@@ -114,7 +114,7 @@ def test_checkpoint_writes_fp32_tensors_from_the_models_own_storage(tmp_path, mo
     seen: dict[str, torch.Tensor] = {}
     real = checkpoint.write_safetensors
     monkeypatch.setattr(checkpoint, "write_safetensors",
-                        lambda tensors, *a, **k: (seen.update(tensors), real(tensors, *a, **k)))
+                        lambda tensors, *a, **k: (seen.update(tensors), real(tensors, *a, **k))[1])
     save_checkpoint(model, plan, (torch.randn(2, 8),), tmp_path / "model.safetensors")
     assert seen["0.weight"].dtype == torch.bfloat16  # lowered: a new, smaller tensor
     assert seen["2.weight"].data_ptr() == model[2].weight.data_ptr()  # FP32: not copied
@@ -137,7 +137,7 @@ class _Tied(nn.Module):
         return self.out(torch.relu(self.mix_again(torch.relu(self.mix(self.embed(ids))))))
 
 
-def test_tied_weights_round_trip_through_save_and_load(tmp_path):
+def test_tied_weights_round_trip_through_save_and_load(tmp_path, monkeypatch):
     torch.manual_seed(0)
     model = _Tied().eval()
     ids = torch.randint(0, 12, (3, 5))
@@ -145,7 +145,9 @@ def test_tied_weights_round_trip_through_save_and_load(tmp_path):
     lowered = plan_pass(model, plan, (ids,)).lowered
     assert set(lowered) == {"mix.weight", "mix_again.weight"}  # both names of the tied linear weight
     assert "embed.weight" not in lowered and "out.weight" not in lowered  # the embedding reads it in FP32
-    info = save_checkpoint(model, plan, (ids,), tmp_path / "model.safetensors")
+    with monkeypatch.context() as m:  # a tied weight is written from its own memory under each name: no copy
+        m.setattr(torch.Tensor, "clone", lambda *a, **k: pytest.fail("a tied weight was copied"))
+        info = save_checkpoint(model, plan, (ids,), tmp_path / "model.safetensors", lowered=lowered, check=True)
     assert info.lowered == 2
     Plan(dtype="bf16", preset="torch-cpu", checkpoint_sha256=sha256_file(tmp_path / "model.safetensors")) \
         .save(tmp_path / "plan.yaml")
@@ -173,3 +175,80 @@ def test_shares_equal_inspect_models_summary(fp32):
         (summary.calls, summary.lower_calls, summary.flops, summary.lower_flops)
     assert shares.call_share == summary.lower_call_share and shares.flop_share == summary.lower_flop_share
     assert 0 < shares.flop_share <= 1
+
+
+# --- device-to-host transfers after the search ------------------------------------------------------------------
+
+_LAYERED = '''
+import torch
+from torch import nn
+
+
+def build_model():
+    torch.manual_seed(0)
+    blocks = []
+    for _ in range({layers}):
+        blocks += [nn.Linear(16, 16), nn.LayerNorm(16), nn.GELU()]
+    return nn.Sequential(*blocks, nn.Linear(16, 4)).eval()
+
+
+def example_inputs():
+    return (torch.randn(8, 16, generator=torch.Generator().manual_seed(1)),)
+
+
+def evaluate(model):
+    with torch.no_grad():
+        return 1.0 + 0.0 * float(model(*example_inputs()).mean())
+'''
+_TO_HOST = ("cpu", "item", "tolist", "__bool__", "__float__", "__int__")
+
+
+def _report_phase_transfers(tmp_path: Path, monkeypatch, layers: int) -> dict[str, int]:
+    """Calls that copy a tensor to the host (a sync on a GPU) while the report is measured and written, the
+    checkpoint's tensors taken to the host as a GPU's are (`grouped`)."""
+    import functools
+
+    import tuner.jobs.tune_run as tune_run
+    import tuner.report.writer as writer
+
+    folder = tmp_path / f"layers{layers}"
+    folder.mkdir()
+    (folder / "m.py").write_text(_LAYERED.format(layers=layers))
+    counts = {name: 0 for name in _TO_HOST}
+    active = [False]
+
+    def counting(name, real):
+        def method(self, *args, **kwargs):
+            counts[name] += active[0]
+            return real(self, *args, **kwargs)
+        return method
+
+    def during(real):
+        def phase(*args, **kwargs):
+            active[0] = True
+            try:
+                return real(*args, **kwargs)
+            finally:
+                active[0] = False
+        return phase
+
+    with monkeypatch.context() as m:
+        for name in _TO_HOST:
+            m.setattr(torch.Tensor, name, counting(name, getattr(torch.Tensor, name)))
+        m.setattr(tune_run, "measure_report", during(tune_run.measure_report))
+        m.setattr(tune_run, "write_outputs", during(tune_run.write_outputs))
+        m.setattr(writer, "save_checkpoint", functools.partial(save_checkpoint, grouped=True))
+        run = tune_into_folder(load_user_model(str(folder / "m.py")), TuneOptions(dtype="bf16"), folder / "out",
+                               latency=False)
+    assert run.wrote_outputs and run.report.checkpoint is not None and run.report.checkpoint.lowered >= layers
+    return counts
+
+
+def test_the_report_phase_copies_to_the_host_a_fixed_number_of_times_whatever_the_depth(tmp_path, monkeypatch):
+    """No per-tensor device-to-host copy after the search (issue 44: 1327 `.cpu()` calls for a GPT-2 774M on a
+    GPU, three per tensor of its checkpoint): the checkpoint's tensors come to the host in groups, its check
+    reads no tensor back, so the report phase's transfers do not grow with the layers."""
+    shallow = _report_phase_transfers(tmp_path, monkeypatch, 1)
+    deep = _report_phase_transfers(tmp_path, monkeypatch, 5)
+    assert sum(deep.values()) <= 4, deep
+    assert deep == shallow

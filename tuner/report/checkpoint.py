@@ -8,10 +8,8 @@ included, stays as it was. Loading never unpickles anything.
 """
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,6 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor, nn
 
-from tuner.core.direct_io import read_chunks
 from tuner.core.errors import ConfigError, PlanMismatchError
 from tuner.core.fileio import atomic_write
 from tuner.core.fingerprint import sha256_file
@@ -28,7 +25,7 @@ from tuner.core.hf import SentenceEncoder, build_hf_model
 from tuner.core.hf_config import hf_folder, is_hf_spec
 from tuner.core.inputs import ModelInputs
 from tuner.core.output_files import CHECKPOINT_NAME, PLAN_NAME, SHARDED_CHECKPOINT_NAME
-from tuner.core.safetensors_write import FORMAT_DTYPES, read_safetensors, stored_form, write_safetensors
+from tuner.core.safetensors_write import FORMAT_DTYPES, Written, read_safetensors, stored_form, write_safetensors
 from tuner.core.sharding import Sharding
 from tuner.engine.attach import attach, check_plan_fits
 from tuner.engine.kind import EngineKind
@@ -47,7 +44,7 @@ class CheckpointInfo:
     lowered: int
     bytes: int
     fp32_bytes: int  # the same state dict with every floating-point tensor in FP32
-    sha256: str | None = None  # the file's, when the check after writing read all of it (not in report.json)
+    sha256: str | None = None  # the file's, hashed as it was written (not in report.json)
 
     def __post_init__(self) -> None:
         if min(self.lowered, self.bytes, self.fp32_bytes) < 0:
@@ -107,113 +104,80 @@ def check_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, 
 
     `tuner.load` makes each parameter the checkpoint's tensor and copies each buffer from it, so a model
     loaded from a checkpoint with exactly those bytes is the model the trials ran, and gives their
-    outputs bit for bit. safetensors must open the file (as `tuner.load` will); its tensors are then read
-    one at a time with plain reads, not mapped, so the check holds neither a second model nor the file's
-    pages.
+    outputs bit for bit. This reads the whole file: it checks a file found on disk, where `save_checkpoint`
+    checks the one it is writing from what it wrote (`_check_written`, with no second read).
     """
     with stored_as(model, lowered):
-        _check_stored(model, path)
+        state, _ = stored_form(model.state_dict(), None)  # a complex128 tensor as its real view, as the file holds it
+        _check_header(path, state, Path(path).stat().st_size)
+        try:
+            found = read_safetensors(path)
+        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+            raise _not_as_claimed(path, f"cannot be read ({str(exc).splitlines()[0]})") from None
+        found, _ = stored_form(found, None)
+        for name, t in found.items():
+            if not torch.equal(_bytes(t), _bytes(state[name]).to(t.device)):  # (not on a tune's path: a copy each)
+                raise _not_as_claimed(path, f"{name} has other values in the file than in the trials")
 
 
-def _check_stored(model: nn.Module, path: str | Path) -> str | None:
-    """check_checkpoint's comparison, on `model` already held as the trials held it (inside `stored_as`).
-    Returns the file's sha256 when the comparison read every byte of it in order (safetensors leaves no
-    holes), so the plan's digest needs no second read of a file of gigabytes; else None."""
-    with safe_open(str(path), framework="pt") as fh:  # the header parses as tuner.load will parse it
-        names = set(fh.keys())
-    missing = sorted(set(model.state_dict(keep_vars=True)) - names)  # (no tensor kept: stored_as packs in place)
-    if missing:
-        raise NotAsClaimed(f"the model loaded from {Path(path).name} does not reproduce the tuned model's output bit "
-                           f"for bit (an mpt bug): {missing[0]} is missing")
-    state, _ = stored_form(model.state_dict(), None)  # a complex128 tensor as its real view, as the file holds it
-    reader = _FileReader(path)
-    try:
-        for name, dtype, shape, same in reader.tensors():
-            problem = _differs(dtype, shape, same, state[name].detach().cpu()) if name in state else \
-                "is in the file, not in the model"
-            if problem:
-                raise NotAsClaimed(f"the model loaded from {Path(path).name} does not reproduce the tuned model's "
-                                   f"output bit for bit (an mpt bug): {name} {problem}")
-        return reader.sha256(Path(path).stat().st_size)
-    finally:
-        reader.close()
+def _bytes(t: Tensor) -> Tensor:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def _not_as_claimed(path: str | Path, problem: str) -> NotAsClaimed:
+    return NotAsClaimed(f"the model loaded from {Path(path).name} does not reproduce the tuned model's output bit "
+                        f"for bit (an mpt bug): {problem}")
 
 
 # mpt's writer's names (a dtype it does not know goes to safetensors.torch.save_file, whose name then differs)
 _FILE_DTYPES = {name: dtype for dtype, name in FORMAT_DTYPES.items()}
 
 
-class _FileReader:
-    """A safetensors file read once, front to back (`tuner.core.direct_io.read_chunks`: past the page cache,
-    the next chunk read while this one is compared), every byte hashed in file order."""
-
-    def __init__(self, path: str | Path) -> None:
-        self._chunks = read_chunks(path)
-        self._rest = memoryview(b"")  # what is left of the current chunk
-        self._at = 0  # file offset of self._rest's first byte
-        self._hash = hashlib.sha256()
-
-    def _take(self, n: int) -> Iterator[memoryview]:
-        """The next `n` bytes of the file, in pieces (each valid until the next is asked for), hashed."""
-        while n > 0:
-            if not self._rest:
-                self._rest = next(self._chunks, memoryview(b""))
-                if not self._rest:
-                    return  # the file ended early
-            piece = self._rest[:n]
-            self._rest = self._rest[len(piece):]
-            self._at += len(piece)
-            n -= len(piece)
-            self._hash.update(piece)
-            yield piece
-
-    def _skip_to(self, at: int) -> bool:
-        for _ in self._take(at - self._at):
-            pass
-        return self._at == at
-
-    def tensors(self) -> Iterator[tuple[str, str, tuple[int, ...], Callable[[Tensor], bool]]]:
-        """(name, safetensors dtype, shape, same) for each tensor, in file order: `same(t)` reads the tensor's
-        bytes and says whether they are `t`'s."""
-        head = b"".join(bytes(p) for p in self._take(8))
-        raw = b"".join(bytes(p) for p in self._take(int.from_bytes(head, "little")))
-        header = json.loads(raw)
-        header.pop("__metadata__", None)
-        base = self._at
-
-        def same(begin: int, end: int, t: Tensor) -> bool:
-            flat = t.contiguous().reshape(-1).view(torch.uint8)
-            if flat.numel() != end - begin or not self._skip_to(base + begin):
-                return False
-            at = 0
-            for piece in self._take(end - begin):
-                got = torch.frombuffer(piece, dtype=torch.uint8)
-                if not torch.equal(got, flat[at:at + len(piece)]):
-                    return False
-                at += len(piece)
-                del got
-            return at == end - begin
-
-        for name, info in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
-            begin, end = info["data_offsets"]
-            yield name, info["dtype"], tuple(info["shape"]), functools.partial(same, begin, end)
-
-    def sha256(self, size: int) -> str | None:
-        """The file's sha256, reading what is left of it; None when it is not `size` bytes long."""
-        self._skip_to(size)
-        whole = self._at == size and next(self._chunks, None) is None
-        return self._hash.hexdigest() if whole else None
-
-    def close(self) -> None:
-        self._rest = memoryview(b"")
-        self._chunks.close()  # type: ignore[attr-defined]
+def _check_header(path: str | Path, state: Mapping[str, Tensor], size: int) -> None:
+    """NotAsClaimed unless the file's header (read from the disk, and parsed by safetensors as `tuner.load` will)
+    lists every tensor of `state` (the model as the trials held it, in its stored form) and no other, each with
+    its dtype and shape, their bytes laid end to end and ending where the file ends (`size` bytes)."""
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            names = set(fh.keys())
+        with open(path, "rb") as fh:
+            length = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(length))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise _not_as_claimed(path, f"its header cannot be read ({str(exc).splitlines()[0]})") from None
+    start = 8 + length
+    header.pop("__metadata__", None)
+    missing = sorted(set(state) - names)
+    if missing:
+        raise _not_as_claimed(path, f"{missing[0]} is missing")
+    at = 0
+    for name, info in sorted(header.items(), key=lambda item: tuple(item[1]["data_offsets"])):
+        ran = state.get(name)
+        begin, end = info["data_offsets"]
+        if ran is None:
+            raise _not_as_claimed(path, f"{name} is in the file, not in the model")
+        if _FILE_DTYPES.get(info["dtype"]) != ran.dtype or tuple(info["shape"]) != tuple(ran.shape):
+            raise _not_as_claimed(path, f"{name} is {info['dtype']} {tuple(info['shape'])} in the file, {ran.dtype} "
+                                        f"{tuple(ran.shape)} in the trials")
+        if begin != at or end - begin != ran.numel() * ran.element_size():
+            raise _not_as_claimed(path, f"{name}'s bytes are at {begin}-{end} in the file, not where its "
+                                        f"{ran.numel() * ran.element_size()} bytes belong (at {at})")
+        at = end
+    if start + at != size:
+        raise _not_as_claimed(path, f"the file is {size} bytes, its header describes {start + at}")
 
 
-def _differs(dtype: str, shape: tuple[int, ...], same: Callable[[Tensor], bool], ran: Tensor) -> str:
-    """How the file's tensor differs from the one the trials ran with ("" when it does not)."""
-    if _FILE_DTYPES.get(dtype) != ran.dtype or shape != tuple(ran.shape):
-        return f"is {dtype} {shape} in the file, {ran.dtype} {tuple(ran.shape)} in the trials"
-    return "" if ran.numel() == 0 or same(ran) else "has other values in the file than in the trials"
+def _check_written(model: nn.Module, path: str | Path, written: Written) -> None:
+    """The check of a checkpoint just written, with no second read of it: the file on the disk is as long as
+    what the writer handed it (`written.size`) and its header, read back, lays out exactly the model's tensors as
+    the trials held them (names, dtypes, shapes: `_check_header`); their bytes are the writer's, taken from those
+    very tensors, and hashed as they were written (`written.sha256`, which plan.yaml records and every
+    `tuner.load` compares with the whole file: a byte changed on its way to the disk is refused there)."""
+    size = Path(path).stat().st_size
+    if size != written.size:
+        raise _not_as_claimed(path, f"the file is {size} bytes, {written.size} were written")
+    state, _ = stored_form(model.state_dict(), None)  # (no copies: views of the model's own tensors)
+    _check_header(path, state, size)
 
 
 def lowered_parameters(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> dict[str, torch.dtype]:
@@ -223,61 +187,39 @@ def lowered_parameters(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple
 
 def save_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, path: str | Path, *,
                     lowered: Mapping[str, torch.dtype] | None = None, check: bool = False,
-                    hold: Holding = stored_as) -> CheckpointInfo:
-    """Write the converted state dict; returns how many parameters it lowered and its size.
+                    hold: Holding = stored_as, grouped: bool = False) -> CheckpointInfo:
+    """Write the converted state dict; returns how many parameters it lowered, its size and its sha256.
 
-    No copy of the model is made: tensors are written from the model's own
-    storage, the lowered ones packed in place as the trials held them
-    (`deployed.stored_as`; only a non-contiguous tensor, a second name of a
-    tied weight, a tensor off the CPU or a parameter that cannot be packed is
-    copied). `lowered` is `plan_pass(...).lowered` when the caller
-    already ran that pass; otherwise it runs here. `check`: then `check_checkpoint`s the file written, in the
-    same packing of the weights (the lowered parameters packed once, not twice). `hold`: how the lowered
-    parameters are held (`deployed.Holding`; the tune's keeper leaves them held for what comes next).
+    No copy of the model is made: tensors are written from the model's own storage, the lowered ones packed in
+    place as the trials held them (`deployed.stored_as`; only a non-contiguous tensor is copied; tensors off the
+    CPU come to the host a group at a time: `tuner.core.safetensors_write`). The file is hashed as it is
+    written. `lowered` is `plan_pass(...).lowered` when the caller already ran that pass; otherwise it runs
+    here. `check`: then the file written is checked against the model as the trials held it (`_check_written`:
+    its size and header, no second read), in the same packing of the weights (the lowered parameters packed
+    once, not twice). `hold`: how the lowered parameters are held (`deployed.Holding`; the tune's keeper leaves
+    them held for what comes next). `grouped`: every tensor comes to the host through the groups a GPU's take
+    (`write_safetensors`).
     """
     if lowered is None:
         lowered = lowered_parameters(model, plan, inputs)
     fp32_bytes = sum(t.numel() * (4 if t.is_floating_point() else t.element_size())
                      for t in model.state_dict(keep_vars=True).values())
     with hold(model, lowered):  # the lowered parameters as the trials held them: bf16 packed in place
-        tensors: dict[str, Tensor] = {}
-        spans: dict[tuple[str, int], list[tuple[int, int]]] = {}
-        for name, t in model.state_dict().items():
-            tensors[name] = _unaliased(t.detach().contiguous().cpu(), spans)
+        # (a tied weight is written under each of its names from the same memory: the file holds it twice)
+        tensors = {name: t.detach().contiguous() for name, t in model.state_dict().items()}
+        written: list[Written] = []
         # one metadata key: safetensors writes its metadata map in a random order, and the checkpoint's bytes
         # (its sha256 in plan.yaml) must be the same for the same weights. Which tensors were lowered is their dtype.
-        atomic_write(path, functools.partial(_save, tensors))
+        atomic_write(path, lambda tmp: written.append(_save(tensors, tmp, grouped=grouped)))
         tensors.clear()  # views of packed storages: gone before they are unpacked
-        sha256 = _check_stored(model, path) if check else None
+        if check:
+            _check_written(model, path, written[0])
     return CheckpointInfo(lowered=len(lowered), bytes=Path(path).stat().st_size, fp32_bytes=fp32_bytes,
-                          sha256=sha256)
+                          sha256=written[0].sha256)
 
 
-def _save(tensors: dict[str, Tensor], path: str | Path) -> None:
-    write_safetensors(tensors, path, metadata={"format": "pt"})
-
-
-def _unaliased(t: Tensor, spans: dict[tuple[str, int], list[tuple[int, int]]]) -> Tensor:
-    """`t`, or a copy of it when its bytes overlap a tensor already kept (tied weights).
-
-    safetensors refuses tensors that share memory; a state dict with tied
-    weights (an embedding reused as the output layer) lists one tensor under
-    two names. Only the second name's tensor is copied; both names are
-    written, so the checkpoint still loads into a model by name.
-    """
-    if t.numel() == 0:
-        return t
-    key = (str(t.device), t.untyped_storage().data_ptr())
-    start = t.data_ptr()
-    end = start + t.numel() * t.element_size()
-    taken = spans.setdefault(key, [])
-    if any(start < e and s < end for s, e in taken):
-        t = t.clone()
-        key = (str(t.device), t.untyped_storage().data_ptr())
-        start, end = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
-        taken = spans.setdefault(key, [])
-    taken.append((start, end))
-    return t
+def _save(tensors: dict[str, Tensor], path: str | Path, *, grouped: bool = False) -> Written:
+    return write_safetensors(tensors, path, metadata={"format": "pt"}, grouped=grouped)
 
 
 def load(model: nn.Module | str, plan: str | Path | Plan | None = None, *,

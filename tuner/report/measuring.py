@@ -44,7 +44,7 @@ def measure_report(result: TuneResult, model: nn.Module, *, model_ref: ModelRef 
     planned = plan_pass(model, result.plan, inputs, lowered=result.lowered, recorded=result.recorded)
     # the list files' plan, and what it costs where it is not this one: recorded while the model holds its FP32
     # weights (the verify below may leave them held lowered, which a recorded forward of another plan cannot run)
-    lists = type_level(result.plan, model, inputs)
+    lists = type_level(result.plan, model, inputs, recorded=result.recorded)  # (the tune's record of the plan)
     warnings = list(result.warnings)
     timing = _latency(model, result, inputs, device, warnings, decide) if latency else None
     verify_plan_pass(model, result.plan, inputs, planned, hold=hold)  # what the report claims is what ran, and loads

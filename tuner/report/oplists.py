@@ -20,7 +20,7 @@ from torch import nn
 
 from tuner.core.errors import exc_line
 from tuner.core.inputs import ModelInputs
-from tuner.measure.recorded import record_plan
+from tuner.measure.recorded import PlanRecord, record_plan
 from tuner.measure.shares import Shares
 from tuner.policy.opnames import lookup_names, tool_op_name
 from tuner.policy.plan import Plan
@@ -85,16 +85,19 @@ def lists_plan(plan: Plan, types: frozenset[str]) -> Plan:
                 model=plan.model, for_training=plan.for_training)  # no fallback: one lower dtype per run
 
 
-def type_level(plan: Plan, model: nn.Module | None = None, inputs: ModelInputs | None = None) -> TypeLevel:
+def type_level(plan: Plan, model: nn.Module | None = None, inputs: ModelInputs | None = None, *,
+               recorded: PlanRecord | None = None) -> TypeLevel:
     """The plan as op-type lists; with `model` and `inputs`, which types the lists cost and how much share,
-    from one recorded forward of each plan (no grad; the model is left as it was)."""
+    from one recorded forward of each plan (no grad; the model is left as it was). `recorded`: the plan's own
+    recorded forward when the tune already ran it (`TuneResult.recorded`): then only the lists' plan is
+    recorded, and only when it differs (some type is mixed), so the report runs no forward the search ran."""
     other = tuple(sorted({i.op for i in plan.fallback_instances}))  # one lower dtype per run: FP32 in the lists
     types = frozenset(i.op for i in plan.fp32_instances) | set(other)
     listed = lists_plan(plan, types)
     policy = listed.policy()
     if model is None or inputs is None or not (inputs.args or inputs.kwargs):
         return TypeLevel(listed, policy.lower, policy.fp32, fallback=other)
-    own = record_plan(model, plan, inputs)
+    own = record_plan(model, plan, inputs) if recorded is None else recorded
     mixed = tuple(sorted(frozenset(i.op for i in plan.fp32_instances) & own.low_ops))
     if not mixed and not other:
         return TypeLevel(listed, policy.lower, policy.fp32, mixed, own.shares, own.shares)

@@ -163,3 +163,24 @@ def test_a_training_tune_cut_short_keeps_the_plan_confirmed_so_far():
     assert result.stopped is StopReason.MAX_EVALS and result.evals == len(trainer.starts) == 4
     assert result.status == "not_met" and result.plan.for_training  # no plan passed yet: every candidate FP32
     assert {i.label() for i in result.plan.fp32_instances} == {"first:linear#0", "second:linear#0", "(root):mul#0"}
+
+
+def test_an_interrupt_while_a_trained_model_is_built_again_keeps_the_passed_plan(tmp_path):
+    """Ctrl-C/SIGTERM during the rebuild that undoes a training trial (issue 45: right after a passed trial) leaves
+    the keeper without a model; the outputs of the plan confirmed so far build it again: no internal error, the
+    plan written as cut short."""
+    trainer, interrupted = Trainer(scaler=True, gain=1e5), []
+
+    def build_once_interrupted() -> nn.Module:
+        if len(trainer.starts) == 7 and not interrupted:  # trial 6 passed; trial 7 trained, undone here
+            interrupted.append(True)
+            raise KeyboardInterrupt
+        return Amplified()
+
+    torch.manual_seed(1234)
+    out = tmp_path / "out"
+    result = tuner.tune(build_once_interrupted, trainer, (X[:8],), dataclasses.replace(FP16, thorough=True), out=out,
+                        progress=False)
+    assert interrupted and result.stopped is StopReason.INTERRUPTED and result.status == "ok" and result.chosen == 6
+    assert "for_training: true" in (out / "plan.yaml").read_text() and "stopped: interrupted" in \
+        (out / "plan.yaml").read_text()

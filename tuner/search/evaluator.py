@@ -35,6 +35,7 @@ from tuner.measure.lowering import ParameterUses, parameter_uses, predictable, p
 from tuner.measure.shares import Shares
 from tuner.policy.plan import OpInstance, Plan
 from tuner.search.distributed import Ranks, SharedJournal
+from tuner.search.misuse import BaselineWatch, trained_warnings
 from tuner.search.noise import Acceptance
 from tuner.search.repeatable import Draws, RunSignature, generator_states, restore_generators
 from tuner.search.results import Evaluating, EventKind, StopReason, Trial, TuneEvent
@@ -67,7 +68,8 @@ class _ForwardCount:
     they were given (`fed`: how much forward work an evaluate is, in a number a rerun gives again), and
     passes them to `signature` (tuner.search.repeatable): a forward pre-hook."""
 
-    def __init__(self, model: nn.Module, signature: RunSignature | None = None) -> None:
+    def __init__(self, model: nn.Module, signature: RunSignature | None = None,
+                 watch: BaselineWatch | None = None) -> None:
         self.calls = 0
         self.fed = 0
 
@@ -76,6 +78,8 @@ class _ForwardCount:
             self.fed += element_count((args, kwargs))
             if signature is not None:
                 signature.feed(args, kwargs)
+            if watch is not None:
+                watch(module)
 
         self._handle = model.register_forward_pre_hook(count, with_kwargs=True)
 
@@ -162,6 +166,7 @@ class Evaluator:
         # record each evaluation's signature (tuner.search.repeatable): only the baseline's and the all-low
         # trial's are compared, so TuneSession.settle_noise turns it off (it hashes every input fed)
         self.signing = True
+        self.warnings: list[str] = []  # what the baseline's run shows evaluate got wrong (tuner.search.misuse)
 
     def baseline(self) -> Trial:
         """One more run of the FP32 model as built. Not bounded; an evaluate that raises or gives no finite
@@ -260,7 +265,8 @@ class Evaluator:
             t0 = time.monotonic()
             signature = RunSignature(self._evaluate) if self.signing else None
             draws = signature.draws if signature is not None else Draws(self._evaluate)
-            count = _ForwardCount(model, signature)
+            watch = BaselineWatch() if baseline else None  # the FP32 run shows evaluate's mistakes (misuse)
+            count = _ForwardCount(model, signature, watch)
             if signature is not None:
                 signature.start()
             else:
@@ -290,6 +296,11 @@ class Evaluator:
         if metric is not None and count.calls == 0:
             raise UserCodeError(NO_FORWARD.format(which="the FP32 baseline" if baseline else "a trial"),
                                 where=user_site(self._evaluate))
+        if watch is not None:
+            where = user_site(self._evaluate)
+            watch.check(where)
+            found = trained_warnings(watch, bool(self.keeper.written), self.training, where)
+            self.warnings.extend(w for w in found if w not in self.warnings)
         return _Run(metric, error, secs, count.fed, digest, draws.moved())
 
     @contextlib.contextmanager

@@ -530,9 +530,10 @@ class TuneSession:
                                  "evaluations": ev.evals, "candidates": len(candidates),
                                  "status": status.value, "stopped": stopped.value if stopped else None})
         shown, estimated = self.shown_scores(found, scores, fp32, stopped)
-        notes, warnings = list(self.notes), list(self.warnings)
+        notes, warnings = list(self.notes), [*ev.warnings, *self.warnings]
         coarse = coarse_metric_note([t.metric for t in ev.trials if t.metric is not None],
-                                    abs(base.value - accept.target), _known_step(ev.evaluate_fn))
+                                    abs(base.value - accept.target), _known_step(ev.evaluate_fn),
+                                    training=opts.for_training)
         if coarse and found is not None and found.instances and base.spread == 0:
             notes.append(coarse)
         leaked = self.keeper.guard.warning()

@@ -51,6 +51,7 @@ class ModelKeeper:
         self._digest: str | None = None
         self._unchecked = False  # a light loan ended: its bytes are compared before the next use (`_settle`)
         self._given = False  # the last loan (`borrowed(last=True)`) gave the model away
+        self.written: frozenset[str] = frozenset()  # the parameters the last loan wrote (`restore`)
         self.rebuilds = 0
 
     @property
@@ -178,9 +179,16 @@ class ModelKeeper:
         yield model
 
     def restore(self) -> bool:
-        """Rebuild the model if user code changed it; True when it did."""
-        if not self.changed():
+        """Rebuild the model if user code changed it; True when it did. `written` then names the parameters
+        whose bytes it changed (an evaluate that trains: `tuner.search.misuse`)."""
+        self.written = frozenset()
+        now = ModelState.capture(self._lent())
+        self._unchecked = False
+        if now == self._expected:
             return False
+        before = set(self._expected.weights)
+        params = {n for n, _ in self._lent().named_parameters()}
+        self.written = frozenset(e[0] for e in now.weights if e not in before and e[0] in params)
         self._held.forget()  # what it held belongs to the changed model
         self._model = None  # free the changed model before building a new one
         gc.collect()

@@ -78,6 +78,7 @@ class Trial:
     kept: int | None = None
     fed: int | None = None
     signature: str | None = None
+    seeds: tuple[float | None, ...] = ()  # under --seeds: each training run's metric (the metric is their mean)
 
 
 @dataclass(frozen=True)

@@ -228,8 +228,16 @@ class TuneSession:
 
     def _fp32_runs_repeat(self) -> bool:
         """Whether the first two FP32 baseline runs fed the same data and drew alike (tuner.search.repeatable),
-        on every rank."""
-        fp32 = [t for t in self.evaluator.trials if t.baseline][:2]
+        on every rank. Runs of one process are compared: where the first came from the journal of an
+        interrupted run and this one made the all-low trial and the second (a resumed run whose all-low trial was
+        cut off), those two are, since what evaluate builds on its first call in a process (data drawn and kept)
+        is not in the journal, and its first run here differs from the journal's for that alone."""
+        trials = self.evaluator.trials
+        fp32 = [t for t in trials if t.baseline][:2]
+        low = next((t for t in trials if not t.baseline), None)
+        if len(fp32) == 2 and fp32[0].from_journal and not fp32[1].from_journal and low is not None \
+                and not low.from_journal:
+            fp32 = [low, fp32[1]]
         same = len(fp32) == 2 and repeatable(fp32[0].signature, fp32[1].signature)
         return all(self.ranks.gather(same))
 

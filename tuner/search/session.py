@@ -258,10 +258,11 @@ class TuneSession:
         else:
             return
         if self._unconfirmable(base):
+            remedy = ("train longer or score on more data so the seeds agree" if noise > base.spread else
+                      "make evaluate deterministic (fixed seeds, no dropout)")
             self.warnings.append(f"the metric's noise ({noise:.3g}) is as large as the tolerance allows "
                                  f"({self.options.slack(base.value):.3g}): no plan can be confirmed, so the "
-                                 "search stops here; make evaluate deterministic (fixed seeds, no dropout) or "
-                                 "raise the tolerance")
+                                 f"search stops here; {remedy} or raise the tolerance")
 
     def example_inputs(self, recorded: ModelInputs | None) -> ModelInputs:
         """The inputs of the recorded forwards, on the tune's device: example_inputs() when the user gave it,
@@ -574,7 +575,8 @@ class TuneSession:
                                     training=opts.for_training)
         if coarse and found is not None and found.instances and self.noise(base) == 0:
             notes.append(coarse)
-        notes.extend(self.seed_notes(accept, chosen_n))
+        for note in self.seed_notes(accept, chosen_n):  # the chosen plan's in report.md's warnings
+            (warnings if note.startswith("the chosen plan") else notes).append(note)
         leaked = self.keeper.guard.warning()
         if leaked:
             warnings.append(leaked)

@@ -5,6 +5,7 @@ verdict depends on the seed."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import torch
 
@@ -46,3 +47,22 @@ def test_a_verdict_that_depends_on_the_seed_is_told():
     assert _seed_verdicts(split, accept) == "seed(s) 0, 2 pass and seed(s) 1 fail (metrics 0.93, 0.88, 0.905; mean 0.905)"
     agree = Trial(5, "x", (), 0.95, True, 1.0, None, seeds=(0.95, 0.94, 0.96))  # type: ignore[arg-type]
     assert _seed_verdicts(agree, accept) is None
+
+
+def test_interrupted_inside_a_trials_training_runs_resume_makes_only_the_runs_left(tmp_path):
+    """Interrupted during the all-low trial's second training run (3 runs journaled: the baseline's 2 and the
+    trial's first), --resume makes the one run left and no FP32 run more (issue 45 item 5)."""
+    def run(trainer: Trainer, resume: bool = False) -> Any:
+        torch.manual_seed(1234)  # each run as a new process starts
+        return tune(build, trainer, (X[:8],), for_training=True, seeds=2, tolerance=0.3,
+                    journal=Journal(tmp_path / "j.jsonl", RunFingerprint("s", "w"), resume=resume))
+
+    whole_trainer = Trainer()
+    torch.manual_seed(1234)
+    whole = tune(build, whole_trainer, (X[:8],), for_training=True, seeds=2, tolerance=0.3)
+    assert len(whole_trainer.starts) == 4  # the baseline's 2 runs and the all-low trial's 2 (it passes)
+    run(Trainer(stop=3))
+    resumed_trainer = Trainer()
+    resumed = run(resumed_trainer, resume=True)
+    assert len(resumed_trainer.starts) == 1
+    assert [(t.label, t.metric, t.seeds) for t in resumed.trials] == [(t.label, t.metric, t.seeds) for t in whole.trials]

@@ -235,10 +235,10 @@ class TuneSession:
         trials = self.evaluator.trials
         fp32 = [t for t in trials if t.baseline][:2]
         low = next((t for t in trials if not t.baseline), None)
-        if len(fp32) == 2 and fp32[0].from_journal and not fp32[1].from_journal and low is not None \
-                and not low.from_journal:
-            fp32 = [low, fp32[1]]
         same = len(fp32) == 2 and repeatable(fp32[0].signature, fp32[1].signature)
+        if not same and len(fp32) == 2 and fp32[0].from_journal and not fp32[1].from_journal \
+                and low is not None and not low.from_journal:
+            same = repeatable(low.signature, fp32[1].signature)
         return all(self.ranks.gather(same))
 
     def _unconfirmable(self, base: Baseline) -> bool:

@@ -71,3 +71,23 @@ def test_a_training_evaluate_that_forgets_model_train_is_warned():
     assert any("model.train()" in w for w in result.warnings)
     plain = tune(build, trainer(), (X[:4],), for_training=True, tolerance=0.5)
     assert not any("model.train()" in w or "--for-training" in w for w in plain.warnings)
+
+
+def unseeded() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))  # other weights on every build
+
+
+def test_a_training_evaluate_with_an_unseeded_build_asks_did_you_mean_for_training():
+    """Without --for-training the trained model is built again as is, and an unseeded build gives other weights:
+    the error says what the user most likely meant."""
+    with pytest.raises(UserCodeError, match="gave other weights.*did you mean --for-training"):
+        tune(unseeded, trainer(), (X[:4],), tolerance=0.5)
+
+
+def test_model_half_is_named_even_when_the_evaluate_it_breaks_raises():
+    def evaluate(model: nn.Module) -> float:
+        model.half()
+        return float(model(X).float().mean())  # float inputs to a half model: raises
+
+    with pytest.raises(UserCodeError, match="converted the model to float16"):
+        tune(unseeded, evaluate, (X[:4],), tolerance=0.5)

@@ -126,9 +126,9 @@ class TuneOptions(Options):
         if self.for_training and self.metric is not None:
             problems.append(("for_training", f"for_training: the built-in metric {self.metric} only runs forwards "
                                              "of the model, so nothing trains; give the evaluate that trains it, "
-                                             "or drop for_training"))
+                                             "or drop `for_training`"))
         if "seeds" not in bad and self.seeds > 1 and not self.for_training:
-            problems.append(("seeds", f"seeds: {self.seeds} training runs per trial need for_training (an "
+            problems.append(("seeds", f"seeds: {self.seeds} training runs per trial need `for_training` (an "
                                       "inference evaluate is judged as it is: its noise is measured on the FP32 "
                                       "baseline)"))
         if self.metric is None and (self.output is not None):

@@ -294,7 +294,7 @@ class Evaluator:
         metric: float | None = None
         error: str | None = None
         lowered = None if plan is None or self.training else self.lowered(plan)  # training: FP32 master weights
-        with self.keeper.borrowed("evaluate", lowered=lowered) as model:
+        with self._borrowed(baseline, lowered) as model:
             self._same_draws(seed)
             t0 = time.monotonic()
             signature = RunSignature(self._evaluate) if self.signing else None
@@ -311,6 +311,8 @@ class Evaluator:
             except Exception as exc:
                 if find_out_of_memory(exc) is not None:
                     raise out_of_memory(exc, "running evaluate") from exc
+                if watch is not None:
+                    watch.check(user_site(self._evaluate))  # evaluate's mistake (model.half()) over what it caused
                 if baseline or self.ranks.distributed:  # a rank cannot tell whether the others raised too: stop all
                     raise
                 error = _describe(exc)
@@ -323,6 +325,8 @@ class Evaluator:
             secs = time.monotonic() - t0
             if metric is not None and self.ranks.distributed:
                 metric = self.ranks.agree(metric)  # the metric that counts: the all-reduced one, alike on every rank
+            if watch is not None:
+                watch.check(user_site(self._evaluate))  # before the loan ends: its own error, not a rebuild's
         if metric is not None and not math.isfinite(metric):
             if baseline:
                 raise UserCodeError(f"evaluate returned {metric} for the FP32 model; the baseline must be finite")
@@ -331,11 +335,32 @@ class Evaluator:
             raise UserCodeError(NO_FORWARD.format(which="the FP32 baseline" if baseline else "a trial"),
                                 where=user_site(self._evaluate))
         if watch is not None:
-            where = user_site(self._evaluate)
-            watch.check(where)
-            found = trained_warnings(watch, bool(self.keeper.written), self.training, where)
+            found = trained_warnings(watch, bool(self.keeper.written), self.training, user_site(self._evaluate))
             self.warnings.extend(w for w in found if w not in self.warnings)
         return _Run(metric, error, secs, count.fed, digest, draws.moved())
+
+    @contextlib.contextmanager
+    def _borrowed(self, baseline: bool, lowered: dict[str, torch.dtype] | None) -> Iterator[nn.Module]:
+        """The keeper's loan for one evaluate. When the FP32 baseline trained the model and building it again
+        gave other weights (an unseeded build_model), the keeper's error asks whether --for-training was meant
+        (a training tune builds the model again from the random state of its first build)."""
+        done, mistake = False, None
+        try:
+            with self.keeper.borrowed("evaluate", lowered=lowered) as model:
+                try:
+                    yield model
+                except UserCodeError as exc:
+                    mistake = exc  # (misuse: model.half() in evaluate) the cause of a failed rebuild too
+                    raise
+                done = True
+        except UserCodeError as exc:
+            if baseline and mistake is not None and exc is not mistake:
+                raise mistake from None
+            if not (done and baseline and not self.training and self.keeper.written):
+                raise
+            raise UserCodeError(f"{exc}; evaluate changed {len(self.keeper.written)} parameter(s): if it trains "
+                                "the model, did you mean --for-training? (it builds the model again from the random "
+                                "state of its first build before every trial)") from exc
 
     @contextlib.contextmanager
     def _deployed(self, model: nn.Module, plan: Plan | None) -> Iterator[nn.Module]:

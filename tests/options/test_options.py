@@ -272,7 +272,7 @@ def test_for_training_with_a_builtin_metric_and_seeds_without_training_are_refus
 
     with pytest.raises(ConfigError, match="for_training: the built-in metric agreement only runs forwards"):
         TuneOptions(for_training=True, metric="agreement")
-    with pytest.raises(ConfigError, match="seeds: 3 training runs per trial need for_training"):
+    with pytest.raises(ConfigError, match="seeds: 3 training runs per trial need `for_training`"):
         TuneOptions(seeds=3)
     assert TuneOptions(seeds=3, for_training=True).settings()["seeds"] == 3
     assert "seeds" not in TuneOptions(for_training=True).settings()  # journals from before --seeds still resume

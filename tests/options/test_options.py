@@ -257,10 +257,22 @@ def test_resume_refuses_a_changed_thorough_or_rank(tmp_path, changed, named):
         return Journal(tmp_path / "journal.jsonl", RunFingerprint("s", "w", options.settings()), resume=resume)
 
     journal(TuneOptions(), resume=False).append("baseline#1", {"metric": 1.0, "seconds": 0.1})
-    with pytest.raises(ConfigError, match=f"setting `{named}`: not set then"):
+    with pytest.raises(ConfigError, match=f"`{named}` was not set when the journal was written and is .* now"):
         journal(TuneOptions(**changed), resume=True)
     assert journal(TuneOptions(), resume=True).get("baseline#1") is not None  # unchanged: resumes
     journal(TuneOptions(**changed), resume=False).append("baseline#1", {"metric": 1.0, "seconds": 0.1})
-    with pytest.raises(ConfigError, match=f"setting `{named}`: .* then, not set now"):
+    with pytest.raises(ConfigError, match=f"`{named}` was .* when the journal was written and is not set now"):
         journal(TuneOptions(), resume=True)
     assert journal(TuneOptions(**changed), resume=True).get("baseline#1") is not None
+
+
+def test_for_training_with_a_builtin_metric_and_seeds_without_training_are_refused():
+    """Issue 45: a built-in metric only runs forwards (nothing trains), and --seeds trains each trial N times."""
+    from tuner.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="for_training: the built-in metric agreement only runs forwards"):
+        TuneOptions(for_training=True, metric="agreement")
+    with pytest.raises(ConfigError, match="seeds: 3 training runs per trial need `for_training`"):
+        TuneOptions(seeds=3)
+    assert TuneOptions(seeds=3, for_training=True).settings()["seeds"] == 3
+    assert "seeds" not in TuneOptions(for_training=True).settings()  # journals from before --seeds still resume

@@ -28,6 +28,14 @@ def test_the_note_names_how_many_steps_the_tolerance_allows():
     assert coarse_metric_note(values, allowed=40 / 1152) is None  # plenty of steps: no note
 
 
+def test_under_training_the_note_suggests_no_builtin_metric():
+    """Issue 45: a built-in metric trains nothing, so a training tune's note points at evaluate's own continuous
+    metric and at --seeds instead."""
+    values = [accuracy(c, 1152) for c in (954, 948, 953)]
+    note = coarse_metric_note(values, allowed=1.5 / 1152, training=True)
+    assert note is not None and "--metric" not in note and "--seeds" in note
+
+
 def test_a_builtin_agreement_knows_its_step_however_few_evaluations_ran():
     """A classifier judged on 16 samples moves 1/16 = 6.25% per changed answer against a 1% tolerance: the note
     comes after 2 evaluations, where the values alone (too few to show a step) could not tell."""

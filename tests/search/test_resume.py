@@ -40,7 +40,7 @@ class Counted:
 
     def __init__(self, kind: str, stop: int | None = None) -> None:
         self.calls = 0
-        self.run = self._reseeds(stop) if kind == "reseeds" else self._noisy(stop)
+        self.run = {"reseeds": self._reseeds, "noisy": self._noisy, "caches": self._caches}[kind](stop)
 
     def _count(self, stop: int | None) -> None:
         self.calls += 1
@@ -52,6 +52,19 @@ class Counted:
             self._count(stop)
             torch.manual_seed(0)
             return TASK.evaluate(model) + 0.0 * float(torch.rand(()))
+        return evaluate
+
+    def _caches(self, stop: int | None) -> Callable[[nn.Module], float]:
+        """Draws its data from torch's generator on its first call in a process and keeps it (deterministic: one
+        FP32 run settles the baseline); a resumed process's first call draws other data than the journal's."""
+        kept: dict[str, torch.Tensor] = {}
+
+        def evaluate(model: nn.Module) -> float:
+            self._count(stop)
+            if "x" not in kept:
+                kept["x"] = torch.randn_like(TASK.example_inputs()[0])
+            model(kept["x"])
+            return TASK.evaluate(model)
         return evaluate
 
     def _noisy(self, stop: int | None) -> Callable[[nn.Module], float]:
@@ -125,3 +138,20 @@ def test_interrupted_while_ranking_resume_makes_the_evaluations_left(tmp_path, f
     interrupted = run(Counted("noisy"), journal, on_event=ctrl_c)
     assert interrupted.stopped is StopReason.INTERRUPTED and not interrupted.scores and interrupted.evals == 6
     assert_replayed("noisy", folder, journal, interrupted.evals)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_an_evaluate_that_keeps_what_its_first_call_drew_resumes_with_at_most_one_fp32_run_more(tmp_path, folder, k):
+    """Issue 45: interrupted during the all-low trial (k=1), the resumed process's first call of such an evaluate
+    draws other data than the journaled baseline's, so their signatures differ across processes. Its determinism
+    is told from two runs this process made (the all-low trial and a second FP32 run), not from the journal's run
+    and one of them: one FP32 run more, not two (8 evaluate calls in all against 5, before). Interrupted later,
+    nothing is repeated."""
+    n, trials = uninterrupted("caches", folder)
+    journal = tmp_path / "journal.jsonl"
+    assert run(Counted("caches", stop=k), journal).evals == k
+    evaluate = Counted("caches")
+    resumed = run(evaluate, journal, resume=True)
+    extra = [t for t in resumed.trials if t.label == "FP32 baseline run 2"]
+    assert evaluate.calls == n - k + len(extra) and len(extra) == (k == 1)
+    assert [(t.label, t.metric, t.passed) for t in resumed.trials if t not in extra] == trials

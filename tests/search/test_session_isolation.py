@@ -150,9 +150,12 @@ def test_resume_with_other_settings_names_the_setting(runner, tmp_path, model_py
     out = tmp_path / "out"
     mpt(runner, "tune", model_py, "--out", out, "--max-evals", "3", "-q")
     res = mpt(runner, "tune", model_py, "--out", out, "--resume", "--tolerance", "0.05", "-q")
-    assert res.exit_code == exitcodes.USAGE and "setting --tolerance: 0.01 then, 0.05 now" in res.stderr
+    assert res.exit_code == exitcodes.USAGE, res.output
+    assert "cannot resume: --tolerance was 0.01 when the journal was written and is 0.05 now (use --overwrite to " \
+        "start over)" in res.stderr
     res = mpt(runner, "tune", model_py, "--out", out, "--resume", "--thorough", "-q")  # how the search goes, too
-    assert res.exit_code == exitcodes.USAGE and "setting --thorough: not set then, True now" in res.stderr
+    assert res.exit_code == exitcodes.USAGE and "--thorough was not set when the journal was written and is True now" \
+        in res.stderr
 
 
 def test_resume_without_example_inputs_repeats_no_evaluation(runner, tmp_path, model_py, monkeypatch):

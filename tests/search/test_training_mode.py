@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -143,9 +144,10 @@ def test_fp16_trains_with_the_loss_scaler_and_a_plan_that_overflows_fails_with_i
     assert trainer.dtypes == {torch.float32}  # FP32 master weights: GradScaler unscales FP32 gradients
 
 
-def test_a_resumed_training_tune_skips_the_finished_trials(tmp_path):
+@pytest.mark.parametrize("k", [1, 3])  # 1: during the all-low trial, whose fp16 training fails (issue 45)
+def test_a_resumed_training_tune_skips_the_finished_trials(tmp_path, k):
     whole, trainer = uninterrupted()
-    n, k = len(trainer.starts), 3
+    n = len(trainer.starts)
     assert n > k
     journal = tmp_path / "journal.jsonl"
     assert fp16_tune(Trainer(scaler=True, gain=1e5, stop=k), journal).stopped is StopReason.INTERRUPTED
@@ -163,3 +165,24 @@ def test_a_training_tune_cut_short_keeps_the_plan_confirmed_so_far():
     assert result.stopped is StopReason.MAX_EVALS and result.evals == len(trainer.starts) == 4
     assert result.status == "not_met" and result.plan.for_training  # no plan passed yet: every candidate FP32
     assert {i.label() for i in result.plan.fp32_instances} == {"first:linear#0", "second:linear#0", "(root):mul#0"}
+
+
+def test_an_interrupt_while_a_trained_model_is_built_again_keeps_the_passed_plan(tmp_path):
+    """Ctrl-C/SIGTERM during the rebuild that undoes a training trial (issue 45: right after a passed trial) leaves
+    the keeper without a model; the outputs of the plan confirmed so far build it again: no internal error, the
+    plan written as cut short."""
+    trainer, interrupted = Trainer(scaler=True, gain=1e5), []
+
+    def build_once_interrupted() -> nn.Module:
+        if len(trainer.starts) == 7 and not interrupted:  # trial 6 passed; trial 7 trained, undone here
+            interrupted.append(True)
+            raise KeyboardInterrupt
+        return Amplified()
+
+    torch.manual_seed(1234)
+    out = tmp_path / "out"
+    result = tuner.tune(build_once_interrupted, trainer, (X[:8],), dataclasses.replace(FP16, thorough=True), out=out,
+                        progress=False)
+    assert interrupted and result.stopped is StopReason.INTERRUPTED and result.status == "ok" and result.chosen == 6
+    assert "for_training: true" in (out / "plan.yaml").read_text() and "stopped: interrupted" in \
+        (out / "plan.yaml").read_text()

@@ -22,6 +22,11 @@ def _autocast_devices() -> tuple[str, ...]:
     return tuple(d for d in AUTOCAST_DEVICES if d == "cpu" or torch.cuda.is_available())
 
 
+def active_autocast() -> tuple[str, ...]:
+    """The device types whose torch.autocast is on now (cheap: for a forward hook)."""
+    return tuple(d for d in _autocast_devices() if torch.is_autocast_enabled(d))
+
+
 def autocast_nesting() -> int:
     """How many torch.autocast blocks are open (torch has no getter: one step up and back down tells).
 

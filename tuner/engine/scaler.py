@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from tuner.core.errors import DeviceError
+
 __all__ = ["LossScaler", "StepsSkipped"]
 
 
@@ -28,6 +30,7 @@ class LossScaler(torch.amp.GradScaler):
     inf flags `step` itself has just synchronised on, so it adds no wait of its own."""
 
     def __init__(self, device: str = "cuda", *args: Any, max_skipped: int = 24, **kwargs: Any) -> None:
+        _check_device(device, args[4] if len(args) > 4 else kwargs.get("enabled", True))  # GradScaler's order
         super().__init__(device, *args, **kwargs)
         if max_skipped < 1:
             raise ValueError(f"max_skipped: expected an integer >= 1, found {max_skipped!r}")
@@ -50,3 +53,18 @@ class LossScaler(torch.amp.GradScaler):
         else:
             self.skipped_in_a_row = 0
         return out
+
+
+def _check_device(device: str, enabled: Any) -> None:
+    """DeviceError (exit 2) for a scaler asked for a device this machine lacks: GradScaler would only warn and
+    turn itself off, so every step would go unscaled and the skipped-steps guard would never fire. An explicit
+    `enabled=False` is honoured (a script that scales only where the device is there)."""
+    kind = torch.device(device).type
+    if not enabled or kind == "cpu":
+        return
+    available = getattr(torch, kind, None)
+    is_available = getattr(available, "is_available", None)
+    if callable(is_available) and not is_available():
+        raise DeviceError(f"tuner.LossScaler({device!r}): this machine has no {kind.upper()} device, so the "
+                          "scaler would be off (no loss scaling, no skipped-steps guard); give the device the "
+                          "model trains on (LossScaler(\"cpu\") here), or enabled=False")

@@ -69,6 +69,10 @@ class TuneOptions(Options):
                                 "backward, as torch.autocast does; the model and every random generator are reset "
                                 "before each trial; no lowered checkpoint is written (the FP32 weights are yours).",
                                 Kind.BOOL)
+    seeds: int = option(1, "With --for-training: train each trial N times, each run from its own random "
+                        "generator states (seed k), and judge the mean metric against the target with the runs' "
+                        "spread as the noise margin; the report says which plans pass on some seeds only.",
+                        Kind.INT, minimum=1, metavar="N")
     rank: str = option("gradient", "How to rank op instances before the search: gradient = one forward with every "
                        "op's low-precision error plus a few backward passes (first-order damage to the output); "
                        "exact = one forward per op instance (slower; catches saturation effects).", Kind.CHOICE,
@@ -129,6 +133,14 @@ class TuneOptions(Options):
         if self.fallback is not None and self.fallback == self.dtype:
             problems.append(("fallback", f"fallback: {self.fallback} is the tune's own dtype; the fallback is the "
                                          "other 16-bit dtype (--dtype fp16 --fallback bf16)"))
+        if self.for_training and self.metric is not None:
+            problems.append(("for_training", f"for_training: the built-in metric {self.metric} only runs forwards "
+                                             "of the model, so nothing trains; give the evaluate that trains it, "
+                                             "or drop `for_training`"))
+        if "seeds" not in bad and self.seeds > 1 and not self.for_training:
+            problems.append(("seeds", f"seeds: {self.seeds} training runs per trial need `for_training` (an "
+                                      "inference evaluate is judged as it is: its noise is measured on the FP32 "
+                                      "baseline)"))
         if self.metric is None and (self.output is not None):
             problems.append(("output", "output: names what a built-in --metric compares; give metric too"))
         return problems
@@ -151,6 +163,8 @@ class TuneOptions(Options):
             settings["for_training"] = True
         # how the search goes decides which trials run and which plan is chosen: a resumed run cannot mix two
         # (recorded when not the default, so journals from before they were recorded still resume)
+        if self.seeds != 1:  # absent by default: journals from before --seeds still resume
+            settings["seeds"] = self.seeds
         if self.thorough:
             settings["thorough"] = True
         if RankMethod(self.rank) is not RankMethod.GRADIENT:

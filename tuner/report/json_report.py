@@ -68,7 +68,8 @@ def _op_lists(report: TuneReport) -> dict[str, Any] | None:
 def _trial(t: Trial) -> dict[str, Any]:
     return {"n": t.n, "label": t.label, "fp32": list(t.fp32), "metric": t.metric, "passed": t.passed,
             "baseline": t.baseline, "seconds": t.seconds, "low_precision_flop_share": t.shares.flop_share,
-            "error": t.error, "from_journal": t.from_journal, "fp32_recorded": t.kept, "fallback": list(t.fallback)}
+            "error": t.error, "from_journal": t.from_journal, "fp32_recorded": t.kept, "fallback": list(t.fallback),
+            **({"seeds": list(t.seeds)} if t.seeds else {})}  # --seeds: each training run's metric
 
 
 def _execution(ex: Execution) -> dict[str, Any]:

@@ -35,14 +35,16 @@ from tuner.measure.lowering import ParameterUses, parameter_uses, predictable, p
 from tuner.measure.shares import Shares
 from tuner.policy.plan import OpInstance, Plan
 from tuner.search.distributed import Ranks, SharedJournal
+from tuner.search.misuse import BaselineWatch, trained_warnings
 from tuner.search.noise import Acceptance
-from tuner.search.repeatable import Draws, RunSignature, generator_states, restore_generators
+from tuner.search.repeatable import Draws, RunSignature, generator_states, restore_generators, seed_generators
 from tuner.search.results import Evaluating, EventKind, StopReason, Trial, TuneEvent
 from tuner.search.strategy import SearchStopped
 from tuner.workspace.journal import Journal
 from tuner.workspace.keeper import ModelKeeper
 
 BASELINE_KEY = "baseline#{n}"
+SEED_KEY = "@seed{k}"  # after a trial's key: its training run k > 0 (`--seeds`)
 
 def trial_key(fp32_labels: tuple[str, ...], fallback: tuple[str, ...] = ()) -> str:
     """The journal key of the trial that keeps these instances (sorted labels) FP32 and runs `fallback` in the
@@ -68,7 +70,8 @@ class _ForwardCount:
     they were given (`fed`: how much forward work an evaluate is, in a number a rerun gives again), and
     passes them to `signature` (tuner.search.repeatable): a forward pre-hook."""
 
-    def __init__(self, model: nn.Module, signature: RunSignature | None = None) -> None:
+    def __init__(self, model: nn.Module, signature: RunSignature | None = None,
+                 watch: BaselineWatch | None = None) -> None:
         self.calls = 0
         self.fed = 0
 
@@ -77,6 +80,8 @@ class _ForwardCount:
             self.fed += element_count((args, kwargs))
             if signature is not None:
                 signature.feed(args, kwargs)
+            if watch is not None:
+                watch(module)
 
         self._handle = model.register_forward_pre_hook(count, with_kwargs=True)
 
@@ -107,6 +112,16 @@ def _describe(exc: Exception) -> str:
             + (f" ({where})" if where else ""))
 
 
+def _combined(runs: list[_Run]) -> tuple[float | None, str | None]:
+    """A trial's metric and error from its training runs (`--seeds`): the mean, or the first run's failure."""
+    if len(runs) == 1:
+        return runs[0].metric, runs[0].error
+    for k, run in enumerate(runs):
+        if run.metric is None:
+            return None, f"training run {k + 1} of {len(runs)} (seed {k}): {run.error}"
+    return statistics.fmean(r.metric for r in runs if r.metric is not None), None
+
+
 def _inf_if_not_finite(error: float | None) -> float | None:
     return None if error is None else (error if math.isfinite(error) else math.inf)
 
@@ -135,8 +150,9 @@ class Evaluator:
 
     def __init__(self, evaluate: Callable[[nn.Module], Any], keeper: ModelKeeper, bounds: Bounds, *,
                  journal: Journal | SharedJournal | None = None, ranks: Ranks | None = None,
-                 emit: Callable[[TuneEvent], None] | None = None, training: bool = False) -> None:
+                 emit: Callable[[TuneEvent], None] | None = None, training: bool = False, seeds: int = 1) -> None:
         self._evaluate = evaluate
+        self.seeds = seeds if training else 1  # training runs per trial (`--seeds`), each one journal line
         # a training tune (`for_training`): parameters stay FP32 in every trial, and each evaluation starts with
         # every generator as the baseline's first run found it (`_start`, journaled with it for --resume)
         self.training = training
@@ -163,6 +179,7 @@ class Evaluator:
         # record each evaluation's signature (tuner.search.repeatable): only the baseline's and the all-low
         # trial's are compared, so TuneSession.settle_noise turns it off (it hashes every input fed)
         self.signing = True
+        self.warnings: list[str] = []  # what the baseline's run shows evaluate got wrong (tuner.search.misuse)
 
     def baseline(self) -> Trial:
         """One more run of the FP32 model as built. Not bounded; an evaluate that raises or gives no finite
@@ -188,47 +205,69 @@ class Evaluator:
 
     def _run(self, key: str, label: str, plan: Plan | None, fp32: tuple[str, ...], shares: Shares,
              accept: Acceptance | None, kept: int | None = None, fallback: tuple[str, ...] = ()) -> Trial:
-        """A trial from the journal, or a new evaluation (written to the journal). `plan` None: the baseline."""
+        """A trial from the journal, or a new evaluation (written to the journal). `plan` None: the baseline.
+        Under `seeds` > 1 (a training tune) each of its training runs is one journal line (`SEED_KEY`), and the
+        trial's metric is their mean (failed when one of them fails)."""
         baseline = plan is None
         n = len(self.trials) + 1
+        runs: list[tuple[_Run, bool]] = []
+        for seed in range(self.seeds):
+            run_key = key + (SEED_KEY.format(k=seed) if seed else "")
+            run = self._cached(run_key)
+            journaled = run is not None
+            if run is None:
+                if all(old for _, old in runs):  # the trial's first new run
+                    if not baseline:
+                        self.ranks.decide(self._check_bounds)  # rank 0's clock and count stop every rank at once
+                    self._emit(TuneEvent(EventKind.EVALUATING, Evaluating(n, label)))
+                run = self._call(plan, seed)
+                self._journal(run_key, run, fp32, accept, baseline, fallback)
+            runs.append((run, journaled))
+        metric, error = _combined([r for r, _ in runs])
+        first = runs[0][0]
+        passed = baseline or (accept is not None and accept.confirms(metric))
+        return self._record(Trial(n, label, fp32, metric, passed, sum(r.seconds for r, _ in runs), shares, error,
+                                  all(journaled for _, journaled in runs), baseline, kept,
+                                  sum(r.fed for r, _ in runs) or None, first.signature, fallback,
+                                  tuple(r.metric for r, _ in runs) if self.seeds > 1 else ()))
+
+    def _cached(self, key: str) -> _Run | None:
+        """The journaled run `key`, its draws replayed (`_replay_draws`); None when it is not in the journal."""
         cached = self.journal.get(key) if self.journal else None
-        if cached is not None:
-            metric = None if cached.get("metric") is None else float(cached["metric"])
-            passed = baseline or (accept is not None and accept.confirms(metric))
-            fed, signature = cached.get("fed"), cached.get("signature")
-            self._replay_draws(cached.get("generators"))
-            if self.training and self._start is None and isinstance(cached.get("start"), dict) \
-                    and not self.ranks.distributed:  # (the journal holds rank 0's states only)
-                self._start = cached["start"]
-            return self._record(Trial(n, label, fp32, metric, passed, float(cached["seconds"]), shares,
-                                      cached.get("error"), True, baseline, kept,
-                                      fed if isinstance(fed, int) and fed > 0 else None,
-                                      signature if isinstance(signature, str) else None, fallback))
-        if not baseline:
-            self.ranks.decide(self._check_bounds)  # rank 0's clock and count stop every rank at once
-        self._emit(TuneEvent(EventKind.EVALUATING, Evaluating(n, label)))
-        run = self._call(plan)
-        passed = baseline or (accept is not None and accept.confirms(run.metric))
-        trial = Trial(n, label, fp32, run.metric, passed, run.seconds, shares, run.error, False, baseline, kept,
-                      run.fed or None, run.signature, fallback)
+        if cached is None:
+            return None
+        self._replay_draws(cached.get("generators"))
+        if self.training and self._start is None and isinstance(cached.get("start"), dict) \
+                and not self.ranks.distributed:  # (the journal holds rank 0's states only)
+            self._start = cached["start"]
+        fed, signature = cached.get("fed"), cached.get("signature")
+        return _Run(None if cached.get("metric") is None else float(cached["metric"]), cached.get("error"),
+                    float(cached["seconds"]), fed if isinstance(fed, int) and fed > 0 else 0,
+                    signature if isinstance(signature, str) else None, {})
+
+    def _journal(self, key: str, run: _Run, fp32: tuple[str, ...], accept: Acceptance | None,
+                 baseline: bool, fallback: tuple[str, ...] = ()) -> None:
         if self.journal:
+            passed = baseline or (accept is not None and accept.confirms(run.metric))
             self.journal.append(key, {"metric": run.metric, "passed": passed, "seconds": run.seconds,
                                       "error": run.error, "fp32": list(fp32), "fed": run.fed,
                                       "signature": run.signature, "generators": run.moved,
                                       **({"fallback": list(fallback)} if fallback else {}),
                                       **({"start": self._start} if self.training and baseline else {})})
-        return self._record(trial)
 
-    def _same_draws(self) -> None:
+    def _same_draws(self, seed: int = 0) -> None:
         """A training tune's evaluation starts with every generator evaluate may draw from (torch's, CUDA's,
         Python's, NumPy's, those its module and closure hold) as the baseline's first run found it, so a
-        training evaluate draws alike in every trial and its metric differs only by precision."""
+        training evaluate draws alike in every trial and its metric differs only by precision. Training run
+        `seed` > 0 (`--seeds`) then starts each from that seed's own number (`seed_generators`)."""
         if not self.training:
             return
         if self._start is None:
             self._start = generator_states(self._evaluate)
         else:
             restore_generators(self._evaluate, self._start)
+        if seed:
+            seed_generators(self._evaluate, seed)
 
     def _replay_draws(self, moved: Any) -> None:
         """A journaled run's draws replayed: the generator states it left put back, so the first evaluation a
@@ -238,7 +277,7 @@ class Evaluator:
         if isinstance(moved, dict) and moved and not self.ranks.distributed:
             restore_generators(self._evaluate, moved)
 
-    def _call(self, plan: Plan | None) -> _Run:
+    def _call(self, plan: Plan | None, seed: int = 0) -> _Run:
         """One `evaluate` on the lent model, with `plan` attached (None: FP32).
 
         Out of memory is not a result: the evaluation is retried once (after freeing what can be freed), and
@@ -246,24 +285,25 @@ class Evaluator:
         it raises at once (a rank cannot retry alone: the others are in their own collectives).
         """
         try:
-            return self._call_once(plan)
+            return self._call_once(plan, seed)
         except OutOfMemory:
             if self.ranks.distributed:
                 raise
             free_memory()
-        return self._call_once(plan)
+        return self._call_once(plan, seed)
 
-    def _call_once(self, plan: Plan | None) -> _Run:
+    def _call_once(self, plan: Plan | None, seed: int = 0) -> _Run:
         baseline = plan is None
         metric: float | None = None
         error: str | None = None
         lowered = None if plan is None or self.training else self.lowered(plan)  # training: FP32 master weights
-        with self.keeper.borrowed("evaluate", lowered=lowered) as model:
-            self._same_draws()
+        with self._borrowed(baseline, lowered) as model:
+            self._same_draws(seed)
             t0 = time.monotonic()
             signature = RunSignature(self._evaluate) if self.signing else None
             draws = signature.draws if signature is not None else Draws(self._evaluate)
-            count = _ForwardCount(model, signature)
+            watch = BaselineWatch() if baseline and not seed else None  # evaluate's mistakes (misuse)
+            count = _ForwardCount(model, signature, watch)
             if signature is not None:
                 signature.start()
             else:
@@ -274,6 +314,8 @@ class Evaluator:
             except Exception as exc:
                 if find_out_of_memory(exc) is not None:
                     raise out_of_memory(exc, "running evaluate") from exc
+                if watch is not None:
+                    watch.check(user_site(self._evaluate))  # evaluate's mistake (model.half()) over what it caused
                 if baseline or self.ranks.distributed:  # a rank cannot tell whether the others raised too: stop all
                     raise
                 error = _describe(exc)
@@ -286,6 +328,8 @@ class Evaluator:
             secs = time.monotonic() - t0
             if metric is not None and self.ranks.distributed:
                 metric = self.ranks.agree(metric)  # the metric that counts: the all-reduced one, alike on every rank
+            if watch is not None:
+                watch.check(user_site(self._evaluate))  # before the loan ends: its own error, not a rebuild's
         if metric is not None and not math.isfinite(metric):
             if baseline:
                 raise UserCodeError(f"evaluate returned {metric} for the FP32 model; the baseline must be finite")
@@ -293,7 +337,33 @@ class Evaluator:
         if metric is not None and count.calls == 0:
             raise UserCodeError(NO_FORWARD.format(which="the FP32 baseline" if baseline else "a trial"),
                                 where=user_site(self._evaluate))
+        if watch is not None:
+            found = trained_warnings(watch, bool(self.keeper.written), self.training, user_site(self._evaluate))
+            self.warnings.extend(w for w in found if w not in self.warnings)
         return _Run(metric, error, secs, count.fed, digest, draws.moved())
+
+    @contextlib.contextmanager
+    def _borrowed(self, baseline: bool, lowered: dict[str, torch.dtype] | None) -> Iterator[nn.Module]:
+        """The keeper's loan for one evaluate. When the FP32 baseline trained the model and building it again
+        gave other weights (an unseeded build_model), the keeper's error asks whether --for-training was meant
+        (a training tune builds the model again from the random state of its first build)."""
+        done, mistake = False, None
+        try:
+            with self.keeper.borrowed("evaluate", lowered=lowered) as model:
+                try:
+                    yield model
+                except UserCodeError as exc:
+                    mistake = exc  # (misuse: model.half() in evaluate) the cause of a failed rebuild too
+                    raise
+                done = True
+        except UserCodeError as exc:
+            if baseline and mistake is not None and exc is not mistake:
+                raise mistake from None
+            if not (done and baseline and not self.training and self.keeper.written):
+                raise
+            raise UserCodeError(f"{exc}; evaluate changed {len(self.keeper.written)} parameter(s): if it trains "
+                                "the model, did you mean --for-training? (it builds the model again from the random "
+                                "state of its first build before every trial)") from exc
 
     @contextlib.contextmanager
     def _deployed(self, model: nn.Module, plan: Plan | None) -> Iterator[nn.Module]:

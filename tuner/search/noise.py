@@ -108,15 +108,19 @@ def metric_step(values: list[float]) -> float | None:
     return step if whole else None
 
 
-def coarse_metric_note(values: list[float], allowed: float, known: float | None = None) -> str | None:
+def coarse_metric_note(values: list[float], allowed: float, known: float | None = None, *,
+                       training: bool = False) -> str | None:
     """A note when the tolerance spans only a few steps of a discrete metric: which plans pass is then
     decided by a handful of samples flipping, a result that may not hold on other data. The step is `known`
     when the metric says it (a built-in agreement over N positions: 1/N), however few evaluations ran; else it
-    is found in the values measured."""
+    is found in the values measured. `training`: the remedy is not a built-in metric (those train nothing) but
+    evaluate's own continuous one, more data, or several training runs per trial (--seeds)."""
     step = known if known is not None and known > 0 else metric_step(values)
     if step is None or allowed <= 0 or allowed / step >= COARSE_STEPS:
         return None
+    remedy = ("evaluate returning a continuous metric (the held-out loss, with --lower-is-better), more "
+              "evaluation data, or training each trial with several seeds (--seeds N)" if training else
+              "a continuous metric (--metric cosine or kl) or more evaluation data")
     return (f"evaluate's metric moves in steps of {step:.3g} and the tolerance allows {allowed / step:.1f} of "
             "them: whether a plan passes is decided by a few samples changing their answer, so the plan may "
-            "not hold on other data; a continuous metric (--metric cosine or kl) or more evaluation data gives "
-            "a steadier answer")
+            f"not hold on other data; {remedy} gives a steadier answer")

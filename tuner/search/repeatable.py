@@ -55,6 +55,7 @@ class _Source(NamedTuple):
     name: str
     read: Callable[[], Any]
     write: Callable[[Any], object]
+    seed: Callable[[int], object] | None = None  # start it from a seed (`seed_generators`)
 
 
 def _b64(data: bytes) -> str:
@@ -107,16 +108,19 @@ def _held_source(name: str, obj: Any) -> _Source | None:
     if isinstance(obj, random.SystemRandom):  # draws from the OS: no state to record or put back
         return None
     if isinstance(obj, random.Random):
-        return _Source(name, lambda: _python_state(obj.getstate()), lambda v: obj.setstate(_python_tuple(v)))
+        return _Source(name, lambda: _python_state(obj.getstate()), lambda v: obj.setstate(_python_tuple(v)), obj.seed)
     if isinstance(obj, torch.Generator):
-        return _Source(name, lambda: _torch_state(obj.get_state()), lambda v: obj.set_state(_torch_tensor(v)))
+        return _Source(name, lambda: _torch_state(obj.get_state()), lambda v: obj.set_state(_torch_tensor(v)),
+                       obj.manual_seed)
     numpy = sys.modules.get("numpy")
     if numpy is not None and isinstance(obj, numpy.random.RandomState):
-        return _Source(name, lambda: _numpy_json(obj.get_state()), lambda v: obj.set_state(_numpy_value(v)))
+        return _Source(name, lambda: _numpy_json(obj.get_state()), lambda v: obj.set_state(_numpy_value(v)),
+                       obj.seed)
     if numpy is not None and isinstance(obj, numpy.random.Generator):
         bits = obj.bit_generator
         return _Source(name, lambda: _numpy_json(bits.state),
-                       lambda v: setattr(bits, "state", _numpy_value(v)))
+                       lambda v: setattr(bits, "state", _numpy_value(v)),
+                       lambda k: setattr(bits, "state", type(bits)(k).state))
     return None
 
 
@@ -125,16 +129,17 @@ def _sources(fn: Callable[..., Any] | None) -> list[_Source]:
     then each one `fn` reaches (`_user_values`), once, by the name it is first reached by (`user.RNG`,
     `user.data.rng`): a resumed run names them alike, and never puts one's state in another."""
     found = [_Source("torch", lambda: _torch_state(torch.get_rng_state()),
-                     lambda v: torch.set_rng_state(_torch_tensor(v))),
+                     lambda v: torch.set_rng_state(_torch_tensor(v)), torch.default_generator.manual_seed),
              _Source("random", lambda: _python_state(random.getstate()),
-                     lambda v: random.setstate(_python_tuple(v)))]
+                     lambda v: random.setstate(_python_tuple(v)), random.seed)]
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         found.append(_Source("numpy", lambda: _numpy_json(numpy.random.get_state()),
-                             lambda v: numpy.random.set_state(_numpy_value(v))))
+                             lambda v: numpy.random.set_state(_numpy_value(v)), numpy.random.seed))
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # (never initializes CUDA itself)
         found.append(_Source("cuda", lambda: [_torch_state(s) for s in torch.cuda.get_rng_state_all()],
-                             lambda v: torch.cuda.set_rng_state_all([_torch_tensor(s) for s in v])))
+                             lambda v: torch.cuda.set_rng_state_all([_torch_tensor(s) for s in v]),
+                             torch.cuda.manual_seed_all))
     seen: set[int] = set()
     for name, value in _user_values(fn) if fn is not None else ():
         source = None if id(value) in seen else _held_source("user." + _SEPARATORS.sub("_", name), value)
@@ -166,6 +171,18 @@ def restore_generators(fn: Callable[..., Any] | None, states: Mapping[str, Any])
                 source.write(states[source.name])
             except (TypeError, ValueError, KeyError, RuntimeError, struct.error, binascii.Error):
                 continue
+
+
+SEED_BASE = 0x5EED  # training run k > 0 of a trial (`--seeds`) starts every generator from SEED_BASE + k
+
+
+def seed_generators(fn: Callable[..., Any] | None, k: int) -> None:
+    """Every generator `fn` may draw from started from seed k's own number (`--seeds`: training run k of each
+    trial draws other batches and dropout masks than run 0, which draws as the baseline's first run found the
+    generators, and the same as run k of every other trial, so trials still differ only in precision)."""
+    for index, source in enumerate(_sources(fn)):
+        if source.seed is not None:
+            source.seed(SEED_BASE + k * 1009 + index)  # each generator its own number: no two draw alike
 
 
 def replaying(fn: Callable[..., Any] | None) -> Callable[[], None]:

@@ -79,6 +79,7 @@ class Trial:
     fed: int | None = None
     signature: str | None = None
     fallback: tuple[str, ...] = ()  # the instances it ran in the fallback dtype (a fallback chain), not in FP32
+    seeds: tuple[float | None, ...] = ()  # under --seeds: each training run's metric (the metric is their mean)
 
 
 @dataclass(frozen=True)

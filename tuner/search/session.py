@@ -102,7 +102,8 @@ class TuneSession:
                                             before_build=replaying(build) if options.for_training else None)
         self.user_seconds = time.monotonic() - t0 if keeper is None else 0.0
         self.evaluator = Evaluator(evaluate, self.keeper, Bounds(self.started, options.max_evals, options.time_budget),
-                                   journal=journal, ranks=self.ranks, emit=self.emit, training=options.for_training)
+                                   journal=journal, ranks=self.ranks, emit=self.emit, training=options.for_training,
+                                   seeds=options.seeds)
         self.clock = PhaseClock(lambda: self.evaluator.eval_seconds)
         self.notes: list[str] = []
         self.recorded: PlanRecord | None = None  # the written plan's recorded forward (final_fp32)
@@ -184,11 +185,18 @@ class TuneSession:
 
     def _accept(self, base: Baseline) -> Acceptance:
         """The acceptance rule for `base`, reported (a BASELINE event, and a note when evaluate is noisy)."""
-        accept = Acceptance(self.options.target(base.value), base.spread, self.options.lower_is_better)
+        noise = self.noise(base)
+        accept = Acceptance(self.options.target(base.value), noise, self.options.lower_is_better)
         self._note_noise(base)
-        self.emit(TuneEvent(EventKind.BASELINE, BaselineMeasured(base.value, base.spread, accept.target,
+        self.emit(TuneEvent(EventKind.BASELINE, BaselineMeasured(base.value, noise, accept.target,
                                                                  self.options.lower_is_better)))
         return accept
+
+    def noise(self, base: Baseline) -> float:
+        """The margin a plan must clear the target by: the baseline's spread, and under --seeds the spread of
+        the FP32 baseline's training runs (seeds), whichever is larger."""
+        runs = [m for t in self.evaluator.trials if t.baseline for m in t.seeds if m is not None]
+        return max(base.spread, max(runs) - min(runs) if runs else 0.0)
 
     def settle_noise(self, base: Baseline, accept: Acceptance, trials: SearchTrials,
                      first: Probe) -> tuple[Baseline, Acceptance, Probe]:
@@ -227,26 +235,41 @@ class TuneSession:
 
     def _fp32_runs_repeat(self) -> bool:
         """Whether the first two FP32 baseline runs fed the same data and drew alike (tuner.search.repeatable),
-        on every rank."""
-        fp32 = [t for t in self.evaluator.trials if t.baseline][:2]
+        on every rank. Runs of one process are compared: where the first came from the journal of an
+        interrupted run and this one made the all-low trial and the second (a resumed run whose all-low trial was
+        cut off), those two are, since what evaluate builds on its first call in a process (data drawn and kept)
+        is not in the journal, and its first run here differs from the journal's for that alone."""
+        trials = self.evaluator.trials
+        fp32 = [t for t in trials if t.baseline][:2]
+        low = next((t for t in trials if not t.baseline), None)
         same = len(fp32) == 2 and repeatable(fp32[0].signature, fp32[1].signature)
+        if not same and len(fp32) == 2 and fp32[0].from_journal and not fp32[1].from_journal \
+                and low is not None and not low.from_journal:
+            same = repeatable(low.signature, fp32[1].signature)
         return all(self.ranks.gather(same))
 
     def _unconfirmable(self, base: Baseline) -> bool:
         """The metric's noise is as large as the tolerance allows: no trial can clear the target by more than
         the noise, so the search ends with the baseline (the all-FP32 plan), warned by `_note_noise`."""
-        return base.noisy and base.spread >= self.options.slack(base.value)
+        noise = self.noise(base)
+        return noise > 0 and noise >= self.options.slack(base.value)
 
     def _note_noise(self, base: Baseline) -> None:
-        if not base.noisy:
+        noise = self.noise(base)
+        if noise > 0 and noise > base.spread:
+            self.notes.append(f"the FP32 baseline's {self.options.seeds} training runs (--seeds) spread over "
+                              f"{noise:.3g}; a plan's mean must clear the target by more than that")
+        elif base.noisy:
+            self.notes.append(f"evaluate is not deterministic: {len(base.samples)} FP32 runs spread over "
+                              f"{base.spread:.3g}; a plan must clear the target by more than that")
+        else:
             return
-        self.notes.append(f"evaluate is not deterministic: {len(base.samples)} FP32 runs spread over "
-                          f"{base.spread:.3g}; a plan must clear the target by more than that")
         if self._unconfirmable(base):
-            self.warnings.append(f"the metric's noise ({base.spread:.3g}) is as large as the tolerance allows "
+            remedy = ("train longer or score on more data so the seeds agree" if noise > base.spread else
+                      "make evaluate deterministic (fixed seeds, no dropout)")
+            self.warnings.append(f"the metric's noise ({noise:.3g}) is as large as the tolerance allows "
                                  f"({self.options.slack(base.value):.3g}): no plan can be confirmed, so the "
-                                 "search stops here; make evaluate deterministic (fixed seeds, no dropout) or "
-                                 "raise the tolerance")
+                                 f"search stops here; {remedy} or raise the tolerance")
 
     def example_inputs(self, recorded: ModelInputs | None) -> ModelInputs:
         """The inputs of the recorded forwards, on the tune's device: example_inputs() when the user gave it,
@@ -582,6 +605,22 @@ class TuneSession:
         with self.keeper.borrowed() as model:
             return record_plan(model, plan_for(self.options, found, fp32, fallback), found.inputs)
 
+    def seed_notes(self, accept: Acceptance, chosen: int | None) -> list[str]:
+        """Under --seeds: a note for each trial whose verdict depends on the seed (some training runs reach the
+        target, others do not), the chosen plan's first: another seed could have decided otherwise."""
+        notes = []
+        first = next((t for t in self.evaluator.trials if t.baseline and len(set(t.seeds)) == 1), None)
+        if first is not None and len(first.seeds) > 1:
+            notes.append(f"the FP32 baseline's {len(first.seeds)} training runs (--seeds) gave one metric: evaluate "
+                         "seeds its own generators (or draws nothing at random), so every seed trains alike")
+        for trial in self.evaluator.trials:
+            split = None if trial.baseline else _seed_verdicts(trial, accept)
+            if split is not None:
+                which = "the chosen plan" if trial.n == chosen else f"trial {trial.n} ({trial.label})"
+                notes.append(f"{which}'s verdict depends on the seed: {split}, judged "
+                             f"{'passed' if trial.passed else 'failed'} on the mean")
+        return sorted(notes, key=lambda n: not n.startswith("the chosen plan"))
+
     def shown_scores(self, found: Candidates | None, scores: Scores, fp32: tuple[OpInstance, ...],
                      stopped: StopReason | None) -> tuple[dict[str, float], frozenset[str]]:
         """The scores the report shows, by label, and those that stay first-order estimates. The plan's FP32
@@ -616,15 +655,18 @@ class TuneSession:
         plan = plan_for(opts, found, fp32, other,
                         metrics={"baseline": base.value, "tuned": metric, "target": accept.target,
                                  "tolerance": opts.tolerance, "absolute": opts.absolute,
-                                 "lower_is_better": opts.lower_is_better, "noise": base.spread,
+                                 "lower_is_better": opts.lower_is_better, "noise": self.noise(base),
                                  "evaluations": ev.evals, "candidates": len(candidates),
                                  "status": status.value, "stopped": stopped.value if stopped else None})
         shown, estimated = self.shown_scores(found, scores, fp32, stopped)
-        notes, warnings = list(self.notes), list(self.warnings)
+        notes, warnings = list(self.notes), [*ev.warnings, *self.warnings]
         coarse = coarse_metric_note([t.metric for t in ev.trials if t.metric is not None],
-                                    abs(base.value - accept.target), _known_step(ev.evaluate_fn))
-        if coarse and found is not None and found.instances and base.spread == 0:
+                                    abs(base.value - accept.target), _known_step(ev.evaluate_fn),
+                                    training=opts.for_training)
+        if coarse and found is not None and found.instances and self.noise(base) == 0:
             notes.append(coarse)
+        for note in self.seed_notes(accept, chosen_n):  # the chosen plan's in report.md's warnings
+            (warnings if note.startswith("the chosen plan") else notes).append(note)
         leaked = self.keeper.guard.warning()
         if leaked:
             warnings.append(leaked)
@@ -637,8 +679,21 @@ class TuneSession:
                           flop_shares=found.flop_shares() if found else {},
                           seconds=time.monotonic() - self.started, eval_seconds=ev.eval_seconds,
                           user_seconds=self.user_seconds, inputs=inputs, warnings=warnings,
-                          noise=base.spread, rebuilds=self.keeper.rebuilds, chosen=chosen_n, lowered=lowered,
+                          noise=self.noise(base), rebuilds=self.keeper.rebuilds, chosen=chosen_n, lowered=lowered,
                           recorded=self.recorded, phases=self.clock)
+
+
+def _seed_verdicts(trial: Trial, accept: Acceptance) -> str | None:
+    """`trial`'s verdict per training run (--seeds) when it depends on the seed: which seeds pass the target
+    alone and which do not; None when they all agree."""
+    alone = dataclasses.replace(accept, margin=0.0)
+    passing = [k for k, m in enumerate(trial.seeds) if alone.confirms(m)]
+    if not passing or len(passing) == len(trial.seeds):
+        return None
+    failing = [k for k in range(len(trial.seeds)) if k not in passing]
+    shown = ", ".join(f"{m:.4g}" if m is not None else "failed" for m in trial.seeds)
+    return (f"seed(s) {', '.join(map(str, passing))} pass and seed(s) {', '.join(map(str, failing))} fail "
+            f"(metrics {shown}; mean {'failed' if trial.metric is None else f'{trial.metric:.4g}'})")
 
 
 def _known_step(evaluate: Callable[[nn.Module], Any]) -> float | None:

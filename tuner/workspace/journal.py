@@ -68,20 +68,23 @@ class RunFingerprint:
         return found or ["the model file's content changed"]
 
     def differences(self, old: Mapping[str, Any]) -> list[str]:
-        """What changed since `old` (a header's fingerprint), one phrase per part."""
+        """What changed since `old` (a header's fingerprint), one whole phrase per part (`--dtype was 'bf16' when
+        the journal was written and is 'fp16' now`, as the CLI spells the option)."""
         found = []
         if old.get("source") != self.source:
-            found += self._source_changes(old.get("files"))
+            found += [f"{c} since the journal was written" for c in self._source_changes(old.get("files"))]
         if old.get("weights") != self.weights:
-            found.append("the FP32 weights build_model() returns changed")
+            found.append("the FP32 weights build_model() returns changed since the journal was written")
         settings = old.get("settings") or {}
         for key in sorted(set(settings) | set(self.settings)):
             if settings.get(key) != self.settings.get(key):
-                found.append(f"setting `{key}`: {_setting(settings, key)} then, {_setting(self.settings, key)} now")
+                found.append(f"`{key}` was {_setting(settings, key)} when the journal was written and is "
+                             f"{_setting(self.settings, key)} now")
         vers = old.get("versions") or {}
         for key in sorted(set(vers) | set(self.versions)):
             if vers.get(key) != self.versions.get(key):
-                found.append(f"{key} version: {vers.get(key)} then, {self.versions.get(key)} now")
+                found.append(f"the {key} version was {vers.get(key)} when the journal was written and is "
+                             f"{self.versions.get(key)} now")
         return found
 
 
@@ -168,8 +171,8 @@ class Journal:
             raise ConfigError("the journal was written by another version of mpt; cannot resume "
                               "(use `overwrite` to start over)", source=str(self.path))
         if changed:
-            raise ConfigError("cannot resume: " + "; ".join(changed) + " since the journal was written "
-                              "(use `overwrite` to start over)", source=str(self.path))
+            raise ConfigError("cannot resume: " + "; ".join(changed) + " (use `overwrite` to start over)",
+                              source=str(self.path))
         self.entries = {r["key"]: r for r in records[1:] if r.get("kind") == "eval" and "key" in r}
         if len(records) != len(lines):  # drop the torn line so appends stay valid JSONL
             atomic_write(self.path, lambda tmp: Path(tmp).write_text(

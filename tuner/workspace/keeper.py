@@ -50,11 +50,15 @@ class ModelKeeper:
         self._held = HeldLowered()
         self._digest: str | None = None
         self._unchecked = False  # a light loan ended: its bytes are compared before the next use (`_settle`)
+        self._given = False  # the last loan (`borrowed(last=True)`) gave the model away
+        self.written: frozenset[str] = frozenset()  # the parameters the last loan wrote (`restore`)
         self.rebuilds = 0
 
     @property
     def model(self) -> nn.Module:
         """The model as built: any parameters held lowered are put back first (None after the last loan)."""
+        if not self._given:
+            self._lent()  # built again when an interrupt cut the last rebuild short: the best plan's outputs
         self._settle()
         self._hold({})
         return self._model  # type: ignore[return-value]
@@ -65,6 +69,8 @@ class ModelKeeper:
         return self._lent()
 
     def _lent(self) -> nn.Module:
+        if self._model is None and not self._given:
+            self._rebuild()  # an interrupt (Ctrl-C, SIGTERM) landed inside the last rebuild
         if self._model is None:
             raise RuntimeError("the keeper gave its model away with its last loan")
         return self._model
@@ -153,7 +159,7 @@ class ModelKeeper:
         finally:
             self.guard.restore(who)
             if last:
-                self._model = None
+                self._model, self._given = None, True
             elif light and ModelState.identities(model) == self._expected.graph:
                 self._unchecked = True
             else:
@@ -173,12 +179,25 @@ class ModelKeeper:
         yield model
 
     def restore(self) -> bool:
-        """Rebuild the model if user code changed it; True when it did."""
-        if not self.changed():
+        """Rebuild the model if user code changed it; True when it did. `written` then names the parameters
+        whose bytes it changed (an evaluate that trains: `tuner.search.misuse`)."""
+        self.written = frozenset()
+        now = ModelState.capture(self._lent())
+        self._unchecked = False
+        if now == self._expected:
             return False
+        before = set(self._expected.weights)
+        params = {n for n, _ in self._lent().named_parameters()}
+        self.written = frozenset(e[0] for e in now.weights if e not in before and e[0] in params)
         self._held.forget()  # what it held belongs to the changed model
         self._model = None  # free the changed model before building a new one
         gc.collect()
+        self._rebuild()
+        return True
+
+    def _rebuild(self) -> None:
+        """The model built again, checked to hold the weights first built. An interrupt inside `build()` leaves
+        no model, and the next use of the keeper (the outputs of the best plan confirmed so far) builds it."""
         model = self._fresh()
         state = ModelState.capture(model)
         if state.weights != self._as_built.weights:
@@ -187,4 +206,3 @@ class ModelKeeper:
                                 "initialisation or load saved weights) so every trial starts from the same model")
         self._model, self._as_built, self._expected = model, state, state
         self.rebuilds += 1
-        return True

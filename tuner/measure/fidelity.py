@@ -157,6 +157,21 @@ def reference_of(metric: Metric, y: Tensor, frame: Frame) -> Tensor:
     return torch.log_softmax(_classes(rows), dim=-1) if metric is Metric.KL else rows
 
 
+_COSINE_EPS = 1e-8  # torch.nn.functional.cosine_similarity's: a zero row's cosine is 0, not NaN
+
+
+def _cosine(rows: Tensor, reference: Tensor) -> Tensor:
+    """The cosine of each row with its reference row, in float64; exactly 1 where the two rows are equal.
+
+    An output against itself (the FP32 baseline) must score the metric's ideal value on every CPU, but a row's
+    dot product and norms round apart in float32: `cosine_similarity(y, y)` is 0.99999999 for many rows, which
+    ones depending on the CPU's kernels (issue 47). So an equal row (a zero one included) is 1 by definition,
+    and the others are taken in float64, where a trial's small differences stay visible to 1e-15."""
+    a, b = rows.double(), reference.double()
+    cos = (a * b).sum(dim=-1) / ((a * a).sum(dim=-1) * (b * b).sum(dim=-1)).clamp(min=_COSINE_EPS ** 2).sqrt()
+    return torch.where((rows == reference).all(dim=-1), torch.ones_like(cos), cos.clamp(-1.0, 1.0))
+
+
 @dataclass
 class MetricSum:
     """The running sums of one metric over batches; `value()` is the metric over all of them."""
@@ -179,11 +194,13 @@ class MetricSum:
             self.total += float((_classes(rows).argmax(dim=-1) == reference).sum())
             self.count += rows.shape[0]
         elif self.metric is Metric.COSINE:
-            self.total += float(torch.nn.functional.cosine_similarity(rows, reference, dim=-1).double().sum())
+            self.total += float(_cosine(rows, reference).sum())
             self.count += rows.shape[0]
         elif self.metric is Metric.KL:
-            logp = torch.log_softmax(_classes(rows), dim=-1)
-            kl = (reference.exp() * (reference - logp)).sum(dim=-1)
+            # the log-probabilities as reference_of takes them (float32: an output against itself gives the
+            # reference's own bits), their difference and its weighting in float64
+            logp, ref = torch.log_softmax(_classes(rows), dim=-1).double(), reference.double()
+            kl = (ref.exp() * (ref - logp)).sum(dim=-1)
             # KL >= 0; float rounding of two nearly equal distributions gives -1e-8 at a position, which
             # printed as a negative KL reads as a bug: each position counts as 0 then (it is 0 to that precision)
             self.total += float(kl.double().clamp(min=0).sum())

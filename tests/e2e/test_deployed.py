@@ -35,7 +35,9 @@ def evaluate(model):
     with torch.no_grad():
         out = model(X)
         ref = build_model()(X)
-    return float(torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), dim=0))
+    # in float64: the cosine of a bf16 output taken in its own dtype is off by 1e-3, the tolerance, and by how
+    # much depends on the CPU's bf16 kernels
+    return float(torch.nn.functional.cosine_similarity(out.double().flatten(), ref.double().flatten(), dim=0))
 """
 
 # (a) the layers are in a ModuleList (never called) under a module that owns a fragile op: an FP32 island
@@ -49,8 +51,13 @@ class Block(nn.Module):
     def forward(self, x):
         for layer in self.layers:
             x = torch.relu(layer(x))
-        # a fragile op of the block's own: bf16 rounding of 1000 + small swamps the signal
-        return torch.cdist(x + 1000.0, self.proto + 1000.0) + x @ self.proto.t()
+        # a fragile op of the block's own, whose answer leaves no doubt on any CPU (issue 47): in bf16, x + 1000
+        # rounds to a multiple of 4 and erases x (mostly below 2), and the output (x @ proto.t() in exact
+        # arithmetic) collapses (cosine 0.34); in FP32 its error is 1e-4 of x. The layers' and the head's bf16
+        # rounding costs the cosine 2e-5, a fiftieth of the tolerance, whatever the bf16 kernels: the plan keeps
+        # the block's own ops. (The cdist of x + 1000 this was took its distances from ||a||^2 + ||b||^2 - 2ab
+        # for 64 rows, 5% off in FP32 already: any bf16 layer moved that noise past the tolerance on AMX.)
+        return (x + 1000.0) @ self.proto.t() - 1000.0 * self.proto.sum(-1)
 
 
 class Model(nn.Module):

@@ -95,6 +95,7 @@ def test_kl_of_an_output_against_itself_is_never_negative():
     assert worse.value() > total.value()  # a real difference still counts in full
 
 
+@pytest.mark.plan
 @pytest.mark.parametrize("metric", [Metric.COSINE, Metric.AGREEMENT, Metric.KL, Metric.REL_ERROR])
 def test_an_output_against_itself_scores_exactly_the_ideal_value(metric):
     """The FP32 baseline is its outputs against themselves: exactly 1 (cosine, agreement) or 0 (kl, rel-error)

@@ -28,7 +28,6 @@ def _oracle_module():
     return _bench_module("oracle")
 
 
-@pytest.mark.plan
 def test_oracle_plan_meets_target_and_is_at_least_as_good_as_mpt():
     oracle = _oracle_module()
     task = PlantedTask(8, 2, samples=128)

@@ -17,8 +17,9 @@ from tuner.search.results import StopReason, TuneStatus
 from tuner.search.session import tune
 
 
-@pytest.mark.plan
-@pytest.mark.parametrize("n,k", [(16, 1), (32, 2), (48, 3)])
+# the smallest runs again in .ci/run's pass below AMX (the pass has 40 s; test_repeatable's PlantedTask(48, 3,
+# seed=3), the task whose samples sit closest to a flip, runs there too)
+@pytest.mark.parametrize("n,k", [pytest.param(16, 1, marks=pytest.mark.plan), (32, 2), (48, 3)])
 def test_search_finds_exactly_the_planted_ops(n, k):
     task = PlantedTask(n, k)
     result = tune(task.build, task.evaluate, task.example_inputs, TuneOptions(dtype="bf16", tolerance=0.01))

@@ -157,7 +157,7 @@ def reference_of(metric: Metric, y: Tensor, frame: Frame) -> Tensor:
     return torch.log_softmax(_classes(rows), dim=-1) if metric is Metric.KL else rows
 
 
-_COSINE_EPS = 1e-8  # torch.nn.functional.cosine_similarity's: a zero row's cosine is 0, not NaN
+_COSINE_EPS = 1e-8  # torch.nn.functional.cosine_similarity's: a zero row against another scores 0, not NaN
 
 
 def _cosine(rows: Tensor, reference: Tensor) -> Tensor:

@@ -17,8 +17,7 @@ from tuner.search.results import StopReason, TuneStatus
 from tuner.search.session import tune
 
 
-# the smallest runs again in .ci/run's pass below AMX (the pass has 40 s; test_repeatable's PlantedTask(48, 3,
-# seed=3), the task whose samples sit closest to a flip, runs there too)
+# the smallest runs again in .ci/run's pass below AMX (that pass has 40 s: the planted tasks' margins are alike)
 @pytest.mark.parametrize("n,k", [pytest.param(16, 1, marks=pytest.mark.plan), (32, 2), (48, 3)])
 def test_search_finds_exactly_the_planted_ops(n, k):
     task = PlantedTask(n, k)

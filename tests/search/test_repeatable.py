@@ -2,7 +2,6 @@
 import random
 
 import numpy as np
-import pytest
 import torch
 
 from tuner.options.tune import TuneOptions
@@ -121,7 +120,6 @@ def test_other_data_each_run_costs_the_baseline_a_second_run():
     assert [t.baseline for t in result.trials][:3] == [True, False, True]
 
 
-@pytest.mark.plan
 def test_a_settled_baseline_leaves_its_evaluation_to_the_search():
     """A deterministic evaluate: one FP32 run, and the search's bound grows by the run saved."""
     task = PlantedTask(48, 3, seed=3)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tuner.core.errors import ConfigError
+from tuner.measure import fidelity
 from tuner.measure.fidelity import Frame, Layout, Metric, MetricSum, reference_of, select_output
 
 
@@ -119,6 +120,21 @@ def test_cosine_still_sees_a_difference_below_float32_resolution():
     assert exact < 1 - 1e-10
     assert _metric(Metric.COSINE, y, out) == pytest.approx(exact, abs=1e-13)
     assert _metric(Metric.COSINE, y, -y) == -1.0
+
+
+@pytest.mark.parametrize("metric", [Metric.COSINE, Metric.KL])
+def test_the_float64_metrics_take_a_slice_of_rows_at_a_time_and_sum_alike(metric, monkeypatch):
+    """An LM's logits are not copied whole to float64: a step of 3 rows' elements (some steps short) gives the
+    sum of one step over all rows, to float64's rounding."""
+    ref = torch.randn(10, 50, generator=torch.Generator().manual_seed(0))
+    out = ref + 0.1 * torch.randn(10, 50, generator=torch.Generator().manual_seed(1))
+    whole = _metric(metric, ref, out)
+    monkeypatch.setattr(fidelity, "_CHUNK", 150)
+    seen = []
+    per_row = {Metric.COSINE: fidelity._cosine, Metric.KL: fidelity._kl}[metric]
+    monkeypatch.setattr(fidelity, f"_{'cosine' if metric is Metric.COSINE else 'kl'}",
+                        lambda *t: seen.append(t[0].shape[0]) or per_row(*t))
+    assert _metric(metric, ref, out) == pytest.approx(whole, rel=1e-12) and seen == [3, 3, 3, 1]
 
 
 def test_one_logit_per_position_is_a_binary_answer_and_has_no_cosine():

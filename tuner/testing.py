@@ -71,7 +71,13 @@ class PlantedChain(nn.Module):
 
 @dataclass
 class PlantedTask:
-    """A planted model with an evaluation: agreement with the FP32 model's predictions."""
+    """A planted model with an evaluation: agreement with the FP32 model's predictions.
+
+    Its plan leaves no doubt on any CPU (issue 47): with the planted ops FP32, the other ops' bf16 rounding moves
+    no kept sample's top-1 by more than a fifth of its margin (measured on the tests' tasks, up to PlantedTask(48,
+    3, seed=3)), so agreement is exactly 1.0; with any one planted op in bf16 it is 0.66 or less, against the
+    target 0.99 of a 1% tolerance. Kernels that differ (AMX, AVX512-BF16, AVX2) differ far less than either.
+    """
 
     n: int
     k: int

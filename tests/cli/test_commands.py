@@ -63,6 +63,7 @@ def test_inspect_with_preset_and_module_override(runner):
     assert rec[("calib", "linear")]["dtype"] == "fp32" and rec[("hidden1", "linear")]["dtype"] == "bf16"
 
 
+@pytest.mark.plan
 def test_tune_end_to_end_and_load(runner, tmp_path):
     out = tmp_path / "run"
     res = runner.invoke(main, ["tune", SENSOR, "--dtype", "bf16", "--out", str(out)])
@@ -72,6 +73,7 @@ def test_tune_end_to_end_and_load(runner, tmp_path):
                  "report.md", "search.html", "journal.jsonl"):
         assert (out / name).is_file(), name
     report = json.loads((out / "report.json").read_text())
+    # on any CPU: all-bf16 is at chance (agreement 0.10), calib FP32 gives the baseline's 0.985 (target 0.975)
     assert report["fp32_instances"] == ["calib:linear#0"]
     assert report["evaluations"] <= 4 and report["status"] == "ok"
     assert {"fp32", "tuned", "speedup"} <= set(report["latency_ms"])

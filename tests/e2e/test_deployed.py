@@ -35,7 +35,9 @@ def evaluate(model):
     with torch.no_grad():
         out = model(X)
         ref = build_model()(X)
-    return float(torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), dim=0))
+    # in float64: the cosine of a bf16 output taken in its own dtype is off by 1e-3, the tolerance, and by how
+    # much depends on the CPU's bf16 kernels
+    return float(torch.nn.functional.cosine_similarity(out.double().flatten(), ref.double().flatten(), dim=0))
 """
 
 # (a) the layers are in a ModuleList (never called) under a module that owns a fragile op: an FP32 island
@@ -49,8 +51,13 @@ class Block(nn.Module):
     def forward(self, x):
         for layer in self.layers:
             x = torch.relu(layer(x))
-        # a fragile op of the block's own: bf16 rounding of 1000 + small swamps the signal
-        return torch.cdist(x + 1000.0, self.proto + 1000.0) + x @ self.proto.t()
+        # a fragile op of the block's own, whose answer leaves no doubt on any CPU (issue 47): in bf16, x + 1000
+        # rounds to a multiple of 4 and erases x (mostly below 2), and the output (x @ proto.t() in exact
+        # arithmetic) collapses (cosine 0.34); in FP32 its error is 1e-4 of x. The layers' and the head's bf16
+        # rounding costs the cosine 2e-5, a fiftieth of the tolerance, whatever the bf16 kernels: the plan keeps
+        # the block's own ops. (The cdist of x + 1000 this was took its distances from ||a||^2 + ||b||^2 - 2ab
+        # for 64 rows, 5% off in FP32 already: any bf16 layer moved that noise past the tolerance on AMX.)
+        return (x + 1000.0) @ self.proto.t() - 1000.0 * self.proto.sum(-1)
 
 
 class Model(nn.Module):
@@ -293,6 +300,7 @@ def _check_agree(plan: Plan, trial, deployed, model_fp32: frozenset[str] = froze
         assert dtypes == ({torch.float32} if path in fp32 else {torch.bfloat16}), (path, dtypes)
 
 
+@pytest.mark.plan
 def test_module_list_under_an_fp32_island_runs_low_in_trial_plan_report_and_loaded_model(tmp_path):
     plan, trial, deployed, out, _ = _tune_and_load(tmp_path, MODULE_LIST)
     assert {i.module for i in plan.fp32_instances} == {"block"}  # the island: the block's own ops
@@ -304,16 +312,21 @@ def test_module_list_under_an_fp32_island_runs_low_in_trial_plan_report_and_load
     assert "block" in report
 
 
+@pytest.mark.plan
 def test_parametrized_weights_and_a_forward_returning_none_load_and_agree(tmp_path):
     plan, trial, deployed, _, _ = _tune_and_load(tmp_path, PARAMETRIZED)
+    # on any CPU: all-bf16's cosine is 0.000, the block's ops FP32 give 0.999997 (target 0.999)
     assert "block" in {i.module for i in plan.fp32_instances}
     _check_agree(plan, trial, deployed)
     assert deployed.gemms["block.layers.0"] == {torch.bfloat16}
 
 
+@pytest.mark.plan
 def test_a_module_made_inside_forward_counts_as_its_caller_and_the_plan_loads(tmp_path):
     plan, trial, deployed, out, _ = _tune_and_load(tmp_path, FRESH_MODULE)
     assert all("<" not in i.module for i in plan.fp32_instances)  # only modules named_modules() has
+    # on any CPU: all-bf16's cosine is 0.76, the mixer's own ops FP32 give 0.999995 (target 0.999); of those the
+    # silu stays (its input, mixer.inp's output, is bf16), the add and sub go (their inputs are FP32 then)
     assert {i.module for i in plan.fp32_instances} == {"mixer"}
     assert "silu" in {i.op for i in plan.fp32_instances}  # the fresh SiLU's call is the mixer's own
     _check_agree(plan, trial, deployed)

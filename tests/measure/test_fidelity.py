@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tuner.core.errors import ConfigError
+from tuner.measure import fidelity
 from tuner.measure.fidelity import Frame, Layout, Metric, MetricSum, reference_of, select_output
 
 
@@ -93,6 +94,47 @@ def test_kl_of_an_output_against_itself_is_never_negative():
     worse = MetricSum(Metric.KL)
     worse.add(y.bfloat16().float(), Frame(Layout.LAST), reference_of(Metric.KL, y, Frame(Layout.LAST)))
     assert worse.value() > total.value()  # a real difference still counts in full
+
+
+@pytest.mark.plan
+@pytest.mark.parametrize("metric", [Metric.COSINE, Metric.AGREEMENT, Metric.KL, Metric.REL_ERROR])
+def test_an_output_against_itself_scores_exactly_the_ideal_value(metric):
+    """The FP32 baseline is its outputs against themselves: exactly 1 (cosine, agreement) or 0 (kl, rel-error)
+    on every CPU (issue 47). In float32, `cosine_similarity(y, y)` is below 1 for a third to half of these rows
+    (its dot product and norms round apart; which rows depends on the CPU's kernels), and a zero row's is 0."""
+    y = torch.randn(64, 1000, generator=torch.Generator().manual_seed(0)) * 4
+    y[3] = 0
+    ideal = 0.0 if metric.lower_is_better else 1.0
+    assert _metric(metric, y, y) == ideal
+    assert _metric(metric, y, y.clone()) == ideal  # equal values, another tensor: the same
+
+
+def test_cosine_still_sees_a_difference_below_float32_resolution():
+    """A row turned by 1e-4 rad has a cosine 1 - 5e-9, which float32 (its steps near 1 are 6e-8) rounds to 1 or
+    to noise: in float64 it is there, as the exact formula gives it."""
+    y = torch.randn(8, 100, generator=torch.Generator().manual_seed(0))
+    out = y.clone()
+    out[0, 0] += 1e-4 * float(y[0].norm())
+    a, b = out.double(), y.double()
+    exact = float(((a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1))).mean())
+    assert exact < 1 - 1e-10
+    assert _metric(Metric.COSINE, y, out) == pytest.approx(exact, abs=1e-13)
+    assert _metric(Metric.COSINE, y, -y) == -1.0
+
+
+@pytest.mark.parametrize("metric", [Metric.COSINE, Metric.KL])
+def test_the_float64_metrics_take_a_slice_of_rows_at_a_time_and_sum_alike(metric, monkeypatch):
+    """An LM's logits are not copied whole to float64: a step of 3 rows' elements (some steps short) gives the
+    sum of one step over all rows, to float64's rounding."""
+    ref = torch.randn(10, 50, generator=torch.Generator().manual_seed(0))
+    out = ref + 0.1 * torch.randn(10, 50, generator=torch.Generator().manual_seed(1))
+    whole = _metric(metric, ref, out)
+    monkeypatch.setattr(fidelity, "_CHUNK", 150)
+    seen = []
+    per_row = {Metric.COSINE: fidelity._cosine, Metric.KL: fidelity._kl}[metric]
+    monkeypatch.setattr(fidelity, f"_{'cosine' if metric is Metric.COSINE else 'kl'}",
+                        lambda *t: seen.append(t[0].shape[0]) or per_row(*t))
+    assert _metric(metric, ref, out) == pytest.approx(whole, rel=1e-12) and seen == [3, 3, 3, 1]
 
 
 def test_one_logit_per_position_is_a_binary_answer_and_has_no_cosine():

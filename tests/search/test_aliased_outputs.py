@@ -104,6 +104,7 @@ def test_inspect_compares_with_a_reference_the_policy_pass_cannot_rewrite(setup)
     assert result.summary.output_error is not None and result.summary.output_error > 0.01
 
 
+@pytest.mark.plan
 def test_cli_tune_of_a_model_that_returns_its_input_dict(runner, tmp_path):
     model = tmp_path / "features.py"
     model.write_text(MODEL)
@@ -114,4 +115,4 @@ def test_cli_tune_of_a_model_that_returns_its_input_dict(runner, tmp_path):
     assert error > 0.01, res.output
     report = json.loads((out / "report.json").read_text())
     assert sorted(report["scores"], key=report["scores"].get, reverse=True)[:2] == sorted(FRAGILE)
-    assert set(report["fp32_instances"]) == FRAGILE
+    assert set(report["fp32_instances"]) == FRAGILE  # exact on any CPU: tuner.testing.PlantedTask

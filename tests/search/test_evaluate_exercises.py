@@ -32,9 +32,11 @@ def _tune(mod):
     return tune(mod.build_model, mod.evaluate, mod.example_inputs, TuneOptions(dtype="bf16", tolerance=0.01))
 
 
+@pytest.mark.plan
 def test_an_evaluate_through_forward_keeps_the_cancelling_linears_fp32(cancel):
     result = _tune(cancel("forward"))
-    assert result.status is TuneStatus.MET and result.plan.fp32_instances  # all-bf16 fails; the plan needs FP32
+    # all-bf16 fails (agreement 0.24 against 0.99, on any CPU): the plan needs FP32
+    assert result.status is TuneStatus.MET and result.plan.fp32_instances
 
 
 def test_an_evaluate_through_another_method_is_refused_at_the_baseline(cancel):

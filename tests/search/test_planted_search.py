@@ -17,11 +17,13 @@ from tuner.search.results import StopReason, TuneStatus
 from tuner.search.session import tune
 
 
-@pytest.mark.parametrize("n,k", [(16, 1), (32, 2), (48, 3)])
+# the smallest runs again in .ci/run's pass below AMX (that pass has 40 s: the planted tasks' margins are alike)
+@pytest.mark.parametrize("n,k", [pytest.param(16, 1, marks=pytest.mark.plan), (32, 2), (48, 3)])
 def test_search_finds_exactly_the_planted_ops(n, k):
     task = PlantedTask(n, k)
     result = tune(task.build, task.evaluate, task.example_inputs, TuneOptions(dtype="bf16", tolerance=0.01))
     assert result.status == "ok"
+    # exact on any CPU: agreement 1.0 with the planted ops FP32, 0.66 or less without one (tuner.testing.PlantedTask)
     assert {i.label() for i in result.plan.fp32_instances} == task.build().fragile_labels()
     # promise: 4 or fewer search evaluations when the ranking puts the fragile ops first, plus one baseline
     # run (the all-low trial's signature shows that evaluate is deterministic)

@@ -19,7 +19,9 @@ def _tune(build):
     return tune(build, fp16_chains.evaluate, fp16_chains.example_inputs, dtype="fp16")
 
 
+@pytest.mark.plan
 def test_a_geglu_product_into_down_proj_keeps_only_the_chain_fp32():
+    # the plans of this file hold on any CPU: fp16's overflow past 65504 is no kernel's rounding
     result = _tune(fp16_chains.build_geglu)
     assert result.status is TuneStatus.MET
     fp32 = {i.label() for i in result.plan.fp32_instances}
@@ -36,6 +38,7 @@ def test_a_geglu_product_into_down_proj_keeps_only_the_chain_fp32():
     assert all(r.score_text() == "inf (overflow)" for r in reasons)  # each overflows alone
 
 
+@pytest.mark.plan
 def test_a_chain_the_ranking_put_last_is_found_before_any_search():
     """`layers.4` reads `layers.3`'s 1e5: the ranking scored it about 0 (the all-low reference holds inf
     there), the cut jumped to all FP32: 11 of 21 FP32, 11% of FLOPs in fp16 after 6 evaluations."""

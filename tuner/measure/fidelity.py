@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,6 +157,42 @@ def reference_of(metric: Metric, y: Tensor, frame: Frame) -> Tensor:
     return torch.log_softmax(_classes(rows), dim=-1) if metric is Metric.KL else rows
 
 
+_COSINE_EPS = 1e-8  # torch.nn.functional.cosine_similarity's: a zero row against another scores 0, not NaN
+# float64 elements per step of the metrics taken in float64 (32 MiB): an LM's logits over a large vocabulary are
+# compared a slice of rows at a time, not as float64 copies of the whole batch (2-3 times its float32 size)
+_CHUNK = 1 << 22
+
+
+def _summed(per_row: Callable[..., Tensor], *tensors: Tensor) -> float:
+    """The sum of `per_row` over all rows of `tensors` (same row count), taken a `_CHUNK` of elements at a time."""
+    step = max(1, _CHUNK // max(1, tensors[0][0].numel())) if tensors[0].shape[0] else 1
+    total = 0.0
+    for start in range(0, tensors[0].shape[0], step):
+        total += float(per_row(*(t[start:start + step] for t in tensors)).sum())
+    return total
+
+
+def _cosine(rows: Tensor, reference: Tensor) -> Tensor:
+    """The cosine of each row with its reference row, in float64; exactly 1 where the two rows are equal.
+
+    An output against itself (the FP32 baseline) must score the metric's ideal value on every CPU, but a row's
+    dot product and norms round apart in float32: `cosine_similarity(y, y)` is 0.99999999 for many rows, which
+    ones depending on the CPU's kernels (issue 47). So an equal row (a zero one included) is 1 by definition,
+    and the others are taken in float64, where a trial's small differences stay visible to 1e-15."""
+    a, b = rows.double(), reference.double()
+    cos = (a * b).sum(dim=-1) / ((a * a).sum(dim=-1) * (b * b).sum(dim=-1)).clamp(min=_COSINE_EPS ** 2).sqrt()
+    return torch.where((rows == reference).all(dim=-1), torch.ones_like(cos), cos.clamp(-1.0, 1.0))
+
+
+def _kl(logp: Tensor, reference: Tensor) -> Tensor:
+    """KL(FP32 || trial) per row from float32 log-probabilities (both as reference_of takes them, so an output
+    against itself gives the reference's own bits: 0), their difference and its weighting in float64. KL >= 0;
+    float rounding of two nearly equal distributions gives -1e-8 at a position, which printed as a negative KL
+    reads as a bug: such a position counts as 0 (it is 0 to that precision)."""
+    ref = reference.double()
+    return (ref.exp() * (ref - logp.double())).sum(dim=-1).clamp(min=0)
+
+
 @dataclass
 class MetricSum:
     """The running sums of one metric over batches; `value()` is the metric over all of them."""
@@ -179,14 +215,10 @@ class MetricSum:
             self.total += float((_classes(rows).argmax(dim=-1) == reference).sum())
             self.count += rows.shape[0]
         elif self.metric is Metric.COSINE:
-            self.total += float(torch.nn.functional.cosine_similarity(rows, reference, dim=-1).double().sum())
+            self.total += _summed(_cosine, rows, reference)
             self.count += rows.shape[0]
         elif self.metric is Metric.KL:
-            logp = torch.log_softmax(_classes(rows), dim=-1)
-            kl = (reference.exp() * (reference - logp)).sum(dim=-1)
-            # KL >= 0; float rounding of two nearly equal distributions gives -1e-8 at a position, which
-            # printed as a negative KL reads as a bug: each position counts as 0 then (it is 0 to that precision)
-            self.total += float(kl.double().clamp(min=0).sum())
+            self.total += _summed(_kl, torch.log_softmax(_classes(rows), dim=-1), reference)
             self.count += rows.shape[0]
         else:
             self.total += float((rows - reference).double().pow(2).sum())

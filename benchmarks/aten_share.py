@@ -35,7 +35,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from zoo import BY_NAME, ROOT, ZOO_DIR, _import_model_file, _last_json, _tail, _to_device, missing_modules, run_child  # noqa: E402
+from zoo import BY_NAME, ZOO_DIR, _import_model_file, _last_json, _tail, _to_device, missing_modules, run_child  # noqa: E402
 
 DTYPES = ("bf16", "fp16")
 SHARE_TOL = 1e-9

@@ -40,13 +40,15 @@ def test_gpu_tune_runs_on_a_machine_without_mpt_from_the_scripts_temporary_insta
     subprocess.run([sys.executable, "-m", *INSTALL.split(), str(target), "."], cwd=ROOT, check=True, timeout=300)
     python = _bare_python(tmp_path / "bare")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    missing = subprocess.run([python, "-c", "import mpt_cli"], env=env, cwd=tmp_path, capture_output=True, timeout=60)
+    missing = subprocess.run([python, "-c", "import mpt_cli"], env=env, cwd=tmp_path, capture_output=True,
+                             timeout=60)
     if missing.returncode == 0:
         pytest.skip("mpt is installed into this environment's site-packages itself: no bare machine to simulate")
     env.update(PYTHONPATH=str(target), OMP_NUM_THREADS="1")
-    res = subprocess.run([python, str(ROOT / "benchmarks" / "gpu_tune.py"), "--device", "cpu", "--shapes", "tiny",
-                          "--dtypes", "bf16", "--batch", "2", "--tokens", "16", "--forward-batch", "2", "--rounds", "1"],
-                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    args = ["--device", "cpu", "--shapes", "tiny", "--dtypes", "bf16", "--batch", "2", "--tokens", "16",
+            "--forward-batch", "2", "--rounds", "1"]
+    res = subprocess.run([python, str(ROOT / "benchmarks" / "gpu_tune.py"), *args], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=600)
     assert "Traceback" not in res.stderr, res.stderr[-3000:]
     row = next(line for line in res.stdout.splitlines() if line.startswith("| tiny "))
     assert row.split("|")[3].strip() == "0", res.stdout  # mpt tune's exit

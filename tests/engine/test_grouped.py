@@ -89,7 +89,10 @@ def _grouped_dtypes(model: nn.Module, plan: Plan, x: torch.Tensor) -> set[torch.
 def test_only_modules_owning_stacked_matrices_may_group():
     model, _ = _model()
     assert [p for p, m in model.named_modules() if may_group(m)] == ["experts"]
-    assert not may_group(nn.Conv1d(2, 3, 3)) and not may_group(nn.Conv2d(2, 3, 3))
+    assert not any(may_group(m) for m in (nn.Conv1d(2, 3, 3), nn.Conv2d(2, 3, 3), nn.Bilinear(2, 2, 3)))
+    embedded = nn.Module()
+    embedded.pos = nn.Parameter(torch.zeros(1, 16, DIM))  # a learned position embedding: no stack of matrices
+    assert not may_group(embedded)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

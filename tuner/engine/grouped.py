@@ -8,12 +8,13 @@ most of an MoE model's FLOPs, compute in FP32. mpt's torch-* presets list `_grou
 what `tuner.load` runs) applies it here, so the trials, the claims and the loaded model compute the same.
 
 A `TorchFunctionMode` that casts costs Python per op call, so it is entered only around the forward of a module
-that may run one: a module owning a floating-point parameter of three or more dimensions that is not a
-convolution's (transformers' experts modules, whose own forward calls `_grouped_mm`). In it, a grouped GEMM
-called while torch.autocast is on for the device (a low region) has its floating-point inputs cast to
-torch.autocast's dtype, as torch.autocast casts a listed op; in an FP32 region (autocast off: an FP32 island or
-subtree, or a block the model opened itself) and inside a torch.autocast block the model opened itself (where
-torch.autocast decides, as `PrecisionEngine` claims it) it runs as called. Elsewhere a grouped GEMM runs as
+that may run one: a module owning a stack of matrices, a 3-d floating-point parameter that is not a
+convolution's (`may_group`: transformers' experts modules, whose own forward calls `_grouped_mm`). Such a module
+runs eagerly under torch.compile (a graph break around it): a traced graph would not hold the mode's casts. In
+it, a grouped GEMM called while torch.autocast is on for the device (a low region) has its floating-point inputs
+cast to torch.autocast's dtype, as torch.autocast casts a listed op; in an FP32 region (autocast off: an FP32
+island or subtree, or a block the model opened itself) and inside a torch.autocast block the model opened itself
+(where torch.autocast decides, as `PrecisionEngine` claims it) it runs as called. Elsewhere a grouped GEMM runs as
 torch.autocast runs it: the deployed forward's check (`tuner.measure.deployed.verify`) says so where a plan
 claimed otherwise. `tuner.autocast` on torch's own path is torch.autocast itself and leaves grouped GEMMs alone.
 """
@@ -27,17 +28,18 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from tuner.policy.opnames import GROUPED_MM_OPS, canonical_name
+from tuner.policy.opnames import GROUPED_MM_OPS
 
 _LOW = (torch.bfloat16, torch.float16)
 
 
 def may_group(module: nn.Module) -> bool:
-    """`module` owns a floating-point parameter of 3+ dimensions that is not a convolution's weight: an experts
-    module's stacked expert matrices (what its own forward hands a grouped GEMM)."""
-    if isinstance(module, nn.modules.conv._ConvNd):
+    """`module` owns a stack of matrices: a floating-point parameter of three dimensions, the first more than one
+    (one matrix per expert), that is no convolution's or nn.Bilinear's weight. An experts module's own forward hands
+    them to a grouped GEMM; a learned position embedding or class token (1 x tokens x width) is no stack."""
+    if isinstance(module, (nn.modules.conv._ConvNd, nn.Bilinear)):
         return False
-    return any(p.dim() >= 3 and p.is_floating_point() for p in module.parameters(recurse=False))
+    return any(p.dim() == 3 and p.shape[0] > 1 and p.is_floating_point() for p in module.parameters(recurse=False))
 
 
 class GroupedCasts(TorchFunctionMode):
@@ -65,13 +67,13 @@ class GroupedCasts(TorchFunctionMode):
         return x
 
 
-@functools.lru_cache(maxsize=256)
-def _named_grouped(name: str) -> bool:
-    return name in GROUPED_MM_OPS
+# torch's functions named in GROUPED_MM_OPS (`torch._grouped_mm`), told by identity: a check torch.compile traces
+# without a graph break (a name lookup would break the graph at every op call)
+_FUNCS = tuple(getattr(torch, name) for name in sorted(GROUPED_MM_OPS) if callable(getattr(torch, name, None)))
 
 
 def _grouped(func: Callable[..., Any]) -> bool:
-    return _named_grouped(canonical_name(func))
+    return any(func is f for f in _FUNCS)
 
 
 Wrapped = list[tuple[nn.Module, Any, Any]]  # `tuner.engine.native.Wrapped`: (module, forward before, hook)
@@ -96,6 +98,8 @@ def wrap_owners(model: nn.Module, device: str, wrapped: Wrapped,
 
 
 def _casting(original: Callable[..., Any], device: str, in_model_block: Callable[[], bool]) -> Callable[..., Any]:
+    """`original` with `GroupedCasts` on while autocast is on for `device`. Never traced: torch.compile runs the
+    module eagerly (a graph break around it), since a graph it traced would not hold the mode's casts."""
     @functools.wraps(original)
     def forward(*args: Any, **kwargs: Any) -> Any:
         if not torch.is_autocast_enabled(device):  # an FP32 region: nothing to cast, no Python per op
@@ -103,4 +107,4 @@ def _casting(original: Callable[..., Any], device: str, in_model_block: Callable
         with GroupedCasts(device, in_model_block):
             return original(*args, **kwargs)
 
-    return forward
+    return torch.compiler.disable(forward)

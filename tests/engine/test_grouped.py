@@ -139,3 +139,14 @@ def test_grouped_gemms_are_candidates_and_the_attached_model_pickles():
     assert "forward" not in copied.experts.__dict__ or tuner.attached(copied) is not None
     with torch.no_grad():
         assert torch.equal(copied(x), model(x))
+
+
+def test_an_attached_moe_compiles_to_what_it_runs_eagerly():
+    """torch.compile traced the experts' forward without the casts (a dtype error at the grouped GEMM): the experts
+    module runs eagerly in the compiled model, in the plan's dtype."""
+    model, x = _model()
+    tuner.attach(model, Plan())
+    with torch.no_grad():
+        eager = model(x)
+        compiled = torch.compile(model, backend="eager")(x)
+    assert torch.equal(compiled, eager)

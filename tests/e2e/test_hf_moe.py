@@ -83,7 +83,7 @@ def test_moe_experts_are_tuned_low_and_the_report_claims_what_the_loaded_model_r
     assert report["low_precision_flop_share"] == pytest.approx(share, abs=1e-9)
     plan = Plan.load(out / "plan.yaml")
     if not any(i.op == "_grouped_mm" for i in plan.fp32_instances):
-        assert grouped == {plan.torch_dtype} and share > 0.9  # the experts ran low (they were FP32: 33-66%)
+        assert grouped == {plan.torch_dtype}  # the experts ran low (they ran FP32: a share of 33-66%, claimed 100%)
 
     # one layer's experts kept FP32 by the plan: those, and only those, run FP32; claims and ATen agree
     experts = "model.layers.0.mlp.experts"

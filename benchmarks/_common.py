@@ -35,6 +35,13 @@ def machine_line() -> str:
             f"{platform.machine()}, {flags}, python {platform.python_version()}")
 
 
+def child_pythonpath() -> str:
+    """The PYTHONPATH of a benchmark's child process: this checkout first, then the caller's. On a machine without
+    mpt, gpu_check.sh installs it into a temporary folder on PYTHONPATH: the checkout holds `tuner` but not
+    `mpt_cli` (its cli/ folder), so a child given the checkout alone cannot run `mpt` (issue 44)."""
+    return os.pathsep.join([str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A markdown table (left-aligned text, right-aligned numbers)."""
     cells = [[str(c) for c in r] for r in rows]

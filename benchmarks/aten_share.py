@@ -35,7 +35,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from zoo import BY_NAME, ROOT, ZOO_DIR, _import_model_file, _last_json, _tail, _to_device, missing_modules, run_child  # noqa: E402
+from zoo import BY_NAME, ZOO_DIR, _import_model_file, _last_json, _tail, _to_device, missing_modules, run_child  # noqa: E402
 
 DTYPES = ("bf16", "fp16")
 SHARE_TOL = 1e-9
@@ -169,11 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown model(s) {unknown}; known: {', '.join(BY_NAME)}")
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-    env = dict(os.environ, MPT_ZOO_SIZE=args.size, MPT_ZOO_DEVICE=args.device, PYTHONPATH=os.pathsep.join(
-        [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+    from _common import child_pythonpath, machine_line, table, work_folder
+
+    env = dict(os.environ, MPT_ZOO_SIZE=args.size, MPT_ZOO_DEVICE=args.device, PYTHONPATH=child_pythonpath())
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
-    from _common import machine_line, table, work_folder
 
     print(machine_line())
     print(f"zoo size {args.size}; device {args.device}; models {', '.join(names)}; dtypes {', '.join(dtypes)}\n",

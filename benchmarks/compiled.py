@@ -34,7 +34,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import machine_line, table  # noqa: E402
+from _common import child_pythonpath, machine_line, table  # noqa: E402
 from zoo import BY_NAME, ZOO, ZOO_DIR, _call, _import_model_file, missing_modules  # noqa: E402
 
 MATMULS = ("convolution", "addmm", "mm", "bmm", "linear", "matmul", "baddbmm", "_scaled_dot_product")
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.runner:
         print(json.dumps(runner(Path(args.runner[0]), Path(args.runner[1]), args.rounds, args.block), default=str))
         return 0
-    env = dict(os.environ, MPT_ZOO_SIZE=args.size, PYTHONPATH=str(HERE.parent))
+    env = dict(os.environ, MPT_ZOO_SIZE=args.size, PYTHONPATH=child_pythonpath())
     work = args.work or Path(tempfile.mkdtemp(prefix="mpt-compiled-"))
     names = [n for n in args.only.split(",") if n] or [m.name for m in ZOO]
     rows = []

@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import pass_fail, table  # noqa: E402
-
 MODEL = ROOT / "benchmarks" / "gpu" / "hf_llama.py"
+sys.path[:0] = [str(ROOT / "benchmarks"), str(MODEL.parent)]  # _common, and hf_llama for the forward timings
+from _common import child_pythonpath, pass_fail, table  # noqa: E402
+
 WALL_S, OWN_SHARE, PEAK_X, AUTOCAST_X, HAND_X = 30.0, 0.25, 1.5, 1.03, 1.05
 
 CHILD = """import json, sys, torch
@@ -49,7 +49,7 @@ open(sys.argv[1], "w").write(json.dumps({"code": code, "peak": peak}))
 def tune(shape: str, dtype: str, args: argparse.Namespace, work: Path) -> dict:
     """One `mpt tune` in a fresh process: its wall time, report.json and peak GPU memory."""
     out, stats = work / f"out-{shape}-{dtype}", work / f"stats-{shape}-{dtype}.json"
-    env = {**os.environ, "MPT_GPU_SHAPE": shape, "MPT_GPU_DEVICE": args.device, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "MPT_GPU_SHAPE": shape, "MPT_GPU_DEVICE": args.device, "PYTHONPATH": child_pythonpath()}
     cmd = [sys.executable, "-c", CHILD, str(stats), "tune", str(MODEL), "--metric", "kl", "--data",
            str(work / "data.safetensors"), "--device", args.device, "--dtype", dtype, "--out", str(out),
            "--overwrite", "--no-latency", "-q", *args.mpt_args]
@@ -67,7 +67,6 @@ def tune(shape: str, dtype: str, args: argparse.Namespace, work: Path) -> dict:
 def fp32_bytes(shape: str) -> int:
     """Bytes of the model's FP32 weights, from a model built on the meta device (no memory)."""
     os.environ["MPT_GPU_SHAPE"], os.environ["MPT_GPU_DEVICE"] = shape, "meta"
-    sys.path.insert(0, str(MODEL.parent))
     import hf_llama
 
     return sum(p.numel() * 4 for p in hf_llama.build_model().parameters())

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/hf_architectures.py --threads 1                       # every architecture, bf16+fp16
     .venv/bin/python benchmarks/hf_architectures.py --only falcon,llama --dtypes bf16
+    python benchmarks/hf_architectures.py --device cuda --quick                      # on a GPU (gpu_check.sh)
 
 For each architecture (ARCHS: a tiny random-init model built from its config, hidden 32-64, 2 layers) and each
 dtype (the model built in a subprocess, the rest in this process through mpt's own CLI entry point, so that
@@ -9,13 +10,16 @@ torch and transformers are imported once on a busy machine):
 
 1. the model is built (seeded) and `save_pretrained` into a temp folder, with a calibration file beside it
    (`data.safetensors`: token ids and a padded attention mask, pixel values, or audio, as the model takes);
-2. `mpt tune hf:DIR --data DATA --dtype D --out OUT --no-latency --max-evals N --quiet` with the default metric
-   (the one mpt chooses for the model's output; report.json and plan.yaml record it);
-3. a runner loads the result as a user does, `tuner.load("hf:DIR", OUT)`, runs the data's first batch (the
+2. `mpt tune hf:DIR --data DATA --dtype D --device DEVICE --out OUT --no-latency --max-evals N --quiet` with the
+   default metric (the one mpt chooses for the model's output; report.json and plan.yaml record it);
+3. a runner loads the result as a user does, `tuner.load("hf:DIR", OUT)` (moved to DEVICE), runs the data's first
+   batch (the
    inputs the report's share is counted on) under a TorchDispatchMode and counts the matmul/conv FLOPs of every
    ATen matmul/conv/attention call (`tuner.measure.deployed.GEMMS`, FLOPs by `tuner.measure.flops.aten_flops`)
    by the dtype it computed in (its output's): the ATen share;
-4. `mpt check OUT` (the plan re-evaluated): its exit.
+4. `mpt check OUT --device DEVICE` (the plan re-evaluated): its exit.
+
+`--quick` runs QUICK (a dense decoder, the two MoE decoders, an encoder, a seq2seq and a vision model) in bf16.
 
 A row PASSes when the tune wrote a plan (exit 0, or 3 with the best plan kept), the report's
 `low_precision_flop_share` equals the ATen share (to 1e-9) and `mpt check` exits 0. Prints one table
@@ -63,6 +67,10 @@ ARCHS = [
     Arch("mistral", "MistralConfig", "MistralForCausalLM", DECODER),
     Arch("qwen2", "Qwen2Config", "Qwen2ForCausalLM", DECODER),
     Arch("qwen3", "Qwen3Config", "Qwen3ForCausalLM", dict(DECODER, head_dim=8)),
+    Arch("mixtral", "MixtralConfig", "MixtralForCausalLM", dict(DECODER, num_local_experts=4, num_experts_per_tok=2)),
+    Arch("qwen2-moe", "Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+         dict(DECODER, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+              shared_expert_intermediate_size=64, decoder_sparse_step=1)),
     Arch("gemma", "GemmaConfig", "GemmaForCausalLM", dict(DECODER, head_dim=8)),
     Arch("phi", "PhiConfig", "PhiForCausalLM", TEXT),
     Arch("phi3", "Phi3Config", "Phi3ForCausalLM", dict(DECODER, pad_token_id=0)),
@@ -130,6 +138,7 @@ ARCHS = [
               num_conv_pos_embedding_groups=2, num_labels=3), "audio"),
 ]
 BY_NAME = {a.name: a for a in ARCHS}
+QUICK = ("llama", "mixtral", "qwen2-moe", "bert", "t5", "vit")  # --quick: one of each kind, the MoE decoders both
 
 
 def build(arch: Arch, folder: Path) -> None:
@@ -156,8 +165,9 @@ def build(arch: Arch, folder: Path) -> None:
     save_file(data, folder / "data.safetensors")
 
 
-def count(folder: Path, out: Path, batch: int) -> dict:
-    """`tuner.load("hf:folder/model", out)` run on the data's first batch: matmul/conv FLOPs by ATen call dtype."""
+def count(folder: Path, out: Path, batch: int, device: str = "cpu") -> dict:
+    """`tuner.load("hf:folder/model", out)` on `device` run on the data's first batch: matmul/conv FLOPs by ATen call
+    dtype."""
     import torch
     from safetensors.torch import load_file
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -167,8 +177,8 @@ def count(folder: Path, out: Path, batch: int) -> dict:
     from tuner.measure.deployed import GEMMS
     from tuner.measure.flops import aten_flops
 
-    loaded = tuner.load(f"hf:{folder / 'model'}", out)
-    inputs = {k: v[:batch] for k, v in load_file(folder / "data.safetensors").items()}
+    loaded = tuner.load(f"hf:{folder / 'model'}", out).to(device)
+    inputs = {k: v[:batch].to(device) for k, v in load_file(folder / "data.safetensors").items()}
     by_dtype: dict[str, int] = {}
     by_op: dict[str, dict[str, int]] = {}
 
@@ -235,7 +245,8 @@ def check_one(arch: Arch, dtype: str, args: argparse.Namespace, work: Path, env:
     out = work / f"{arch.name}-{dtype}"
     t0 = time.perf_counter()
     rc, text = _mpt(["tune", f"hf:{folder / 'model'}", "--data", str(folder / "data.safetensors"), "--dtype", dtype,
-                     "--out", str(out), "--overwrite", "--no-latency", "--max-evals", str(args.max_evals), "--quiet"],
+                     "--device", args.device, "--out", str(out), "--overwrite", "--no-latency", "--max-evals",
+                     str(args.max_evals), "--quiet"],
                     work / f"{arch.name}-{dtype}.tune.log")
     row.update(tune_rc=rc, tune_s=time.perf_counter() - t0)
     if not (out / "report.json").is_file():
@@ -247,10 +258,10 @@ def check_one(arch: Arch, dtype: str, args: argparse.Namespace, work: Path, env:
     plan = yaml.safe_load((out / "plan.yaml").read_text())
     row.update(metric=(plan.get("model") or {}).get("metric"), report_share=report.get("low_precision_flop_share"))
     try:
-        row.update(count(folder, out, args.batch))
+        row.update(count(folder, out, args.batch, args.device))
     except Exception as exc:  # noqa: BLE001 - the row says what failed
         row["error"] = f"count: {type(exc).__name__}: {str(exc)[:120]}"
-    rc, text = _mpt(["check", str(out)], work / f"{arch.name}-{dtype}.check.log")
+    rc, text = _mpt(["check", str(out), "--device", args.device], work / f"{arch.name}-{dtype}.check.log")
     row["check_rc"] = rc
     if rc != 0:
         row["check_tail"] = _tail(text)
@@ -281,7 +292,9 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", action="append", default=[], help="architecture(s), comma-separated or repeated: "
                     + ", ".join(BY_NAME))
-    ap.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated: bf16,fp16 (default both)")
+    ap.add_argument("--dtypes", help="comma-separated: bf16,fp16 (default both; bf16 with --quick)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to tune, load and check")
+    ap.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)} (unless --only), in bf16")
     ap.add_argument("--threads", type=int, help="OMP_NUM_THREADS for the children")
     ap.add_argument("--max-evals", type=int, default=6, help="mpt tune --max-evals (default 6)")
     ap.add_argument("--batch", type=int, default=8, help="the tune's --batch-size (default 8: mpt's default)")
@@ -296,27 +309,31 @@ def main(argv: list[str] | None = None) -> int:
         build(BY_NAME[args.build], Path(args.paths[0]))
         return 0
     if args.count:
-        print(json.dumps(count(Path(args.paths[0]), Path(args.paths[1]), args.batch)))
+        print(json.dumps(count(Path(args.paths[0]), Path(args.paths[1]), args.batch, args.device)))
         return 0
-    names = [n.strip() for part in args.only for n in part.split(",") if n.strip()] or list(BY_NAME)
+    names = [n.strip() for part in args.only for n in part.split(",") if n.strip()] or \
+        list(QUICK if args.quick else BY_NAME)
     unknown = [n for n in names if n not in BY_NAME]
     if unknown:
         ap.error(f"unknown architecture(s) {unknown}; known: {', '.join(BY_NAME)}")
-    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-    root = HERE.parent
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", PYTHONPATH=os.pathsep.join(
-        [str(root)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+    dtypes = [d.strip() for d in (args.dtypes or ("bf16" if args.quick else ",".join(DTYPES))).split(",") if d.strip()]
+    from _common import child_pythonpath, machine_line, table
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", PYTHONPATH=child_pythonpath())
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
     import torch
-    from _common import machine_line, table
 
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    print(machine_line() + f"; cpu capability {torch.backends.cpu.get_cpu_capability()}")
-    print(f"architectures {', '.join(names)}; dtypes {', '.join(dtypes)}; --max-evals {args.max_evals}\n",
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch.cuda.is_available() is False on this machine")
+    card = f"; {torch.cuda.get_device_name()}" if args.device == "cuda" else ""
+    print(machine_line() + f"; cpu capability {torch.backends.cpu.get_cpu_capability()}{card}")
+    print(f"architectures {', '.join(names)}; dtypes {', '.join(dtypes)}; device {args.device}; "
+          f"--max-evals {args.max_evals}\n",
           flush=True)
     t0 = time.perf_counter()
     tmp = None

@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "benchmarks" / "scale" / "llama_model.py"
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import machine_line, pass_fail, table  # noqa: E402
+from _common import child_pythonpath, machine_line, pass_fail, table  # noqa: E402
 
 OWN_TARGET, RSS_TARGET = 0.15, 1.15
 
@@ -185,7 +185,7 @@ def launcher(args: argparse.Namespace) -> list[str]:
 def one_depth(layers: int, args: argparse.Namespace, work: Path) -> dict:
     env = {**os.environ, "MPT_SCALE_LAYERS": str(layers), "MPT_SCALE_HIDDEN": str(args.hidden),
            "MPT_SCALE_MLP": str(args.mlp), "MPT_SCALE_VOCAB": str(args.vocab), "MPT_SCALE_TOKENS": str(args.tokens),
-           "MPT_SCALE_BATCHES": str(args.batches), "MPT_SCALE_DEVICE": args.device, "PYTHONPATH": str(ROOT)}
+           "MPT_SCALE_BATCHES": str(args.batches), "MPT_SCALE_DEVICE": args.device, "PYTHONPATH": child_pythonpath()}
     if args.fsdp:
         env.update(MPT_SCALE_SHARD="fsdp", OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // args.fsdp)))
     ref_times = work / f"ref-{layers}.jsonl"

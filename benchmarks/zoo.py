@@ -590,15 +590,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown model(s) {unknown}; known: {', '.join(BY_NAME)}")
 
     sys.path.insert(0, str(HERE))
-    from _common import table, work_folder
+    from _common import child_pythonpath, table, work_folder
 
     if args.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             ap.error("--device cuda: torch.cuda.is_available() is False on this machine")
-    env = dict(os.environ, MPT_ZOO_SIZE=args.size, MPT_ZOO_DEVICE=args.device, PYTHONPATH=os.pathsep.join(
-        [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+    env = dict(os.environ, MPT_ZOO_SIZE=args.size, MPT_ZOO_DEVICE=args.device, PYTHONPATH=child_pythonpath())
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
     for line in cpu_lines():

@@ -167,3 +167,30 @@ def test_a_linear_on_a_nested_tensor_counts_each_sequence_at_its_own_length():
     weight = torch.randn(8, 16)
     out = torch.nn.functional.linear(nested, weight)
     assert aten_flops("linear", (nested, weight), {}, out) == 2 * (3 + 5) * 8 * 16
+
+
+@pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="this torch has no torch._grouped_mm")
+def test_a_grouped_gemm_counts_each_groups_matmul_at_both_levels():
+    """Issue 44: torch._grouped_mm (transformers 5's MoE experts) counted 0 FLOPs at either level, so a report
+    claimed 100% low with the experts, most of the FLOPs, in FP32. Each form counts its groups' multiply-adds."""
+    offs = torch.tensor([4, 4, 8, 12], dtype=torch.int32)  # an empty group included
+    cases = [(torch.randn(12, 8), torch.randn(4, 8, 4), offs, 2 * 12 * 8 * 4),  # tokens x one matrix per expert
+             (torch.randn(4, 3, 8), torch.randn(4, 8, 4), None, 2 * 4 * 3 * 8 * 4),  # batched
+             (torch.randn(12, 4).T, torch.randn(12, 8), offs, 2 * 4 * 12 * 8)]  # the weight gradient: k split
+    seen: list[int] = []
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            if func.overloadpacket.__name__ in GEMMS:
+                seen.append(aten_flops(func.overloadpacket.__name__, args, kwargs or {}, result))
+            return result
+
+    for a, b, groups, expected in cases:
+        kwargs = {"offs": groups} if groups is not None else {}
+        out = torch._grouped_mm(a, b, **kwargs)
+        assert op_flops("_grouped_mm", (a, b), kwargs, out) == expected
+        seen.clear()
+        with Count():
+            torch._grouped_mm(a, b, **kwargs)
+        assert seen == [expected]

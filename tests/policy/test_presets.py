@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from tuner.policy.opnames import ALIASES, known_op_names
+from tuner.policy.opnames import ALIASES, GROUPED_MM_OPS, known_op_names
 from tuner.policy.presetfiles import preset_names
 from tuner.policy.presets import Policy, load_preset
 from tuner.policy.rules import Rule
@@ -407,6 +407,22 @@ PYTHON_EXTRAS = {
     },
 }
 
+# Matmul-like ops torch.autocast does not list that the torch-* presets lower, mpt casting them itself (issue 44):
+# the grouped GEMM of MoE experts (tuner/engine/grouped.py).
+MPT_EXTRAS = GROUPED_MM_OPS
+
+
+@pytest.mark.parametrize("name", list(TORCH_PRESETS))
+def test_mpt_lowers_grouped_gemms_torch_autocast_leaves_fp32(name):
+    device, key = TORCH_PRESETS[name]
+    assert MPT_EXTRAS <= preset_lists(name)["lower"]
+    assert not MPT_EXTRAS & registered(key)  # still not torch.autocast's: else it is no addition of mpt's
+    if device == "cpu" and hasattr(torch, "_grouped_mm"):
+        a, b = torch.randn(8, 8), torch.randn(2, 8, 4)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert torch._grouped_mm(a, b, offs=torch.tensor([4, 8], dtype=torch.int32)).dtype == torch.float32
+
+
 # Golden split of the registered ops (torch 2.13), used whatever op-lists.md says or whether it exists.
 GOLDEN_TORCH = {
     "torch-cpu": {
@@ -444,7 +460,7 @@ def test_only_registered_ops_and_declared_python_names(name):
     _, key = TORCH_PRESETS[name]
     lists = preset_lists(name)
     listed = set().union(*lists.values())
-    extras = listed - registered(key)
+    extras = listed - registered(key) - MPT_EXTRAS
     assert extras == set(PYTHON_EXTRAS[name])
     for extra, targets in PYTHON_EXTRAS[name].items():
         kind = classify(lists, extra)

@@ -17,7 +17,7 @@ from torch import nn
 
 from tuner.core.dtypes import parse_dtype, short_name
 from tuner.core.errors import ConfigError
-from tuner.engine import native
+from tuner.engine import grouped, native
 from tuner.engine.function_mode import Decision, PrecisionEngine
 from tuner.engine.kind import EngineKind
 from tuner.engine.portable import Reattach, forget_portable, make_portable
@@ -329,7 +329,10 @@ def attach(model: nn.Module, policy: PolicyLike, dtype: str | torch.dtype | None
         execution = native.Execution(native.ExecutionPath.PYTHON, reason=reason)
     before = model.__dict__.get("forward")
     model.forward = torch.compiler.disable(forward)  # mpt's engine is Python per op: never traced  # type: ignore[method-assign]
-    setattr(model, _ATTACHED, _Attachment(execution, [(model, before, None)], getattr(forward, "_mpt_handles", [])))
+    wrapped: native.Wrapped = [(model, before, None)]
+    if execution.path is native.ExecutionPath.SCOPED and execution.device is not None:  # torch.autocast outside
+        grouped.wrap_owners(model, execution.device, wrapped)  # the engine's modules
+    setattr(model, _ATTACHED, _Attachment(execution, wrapped, getattr(forward, "_mpt_handles", [])))
     return _portable(model, policy, dtype, kind)
 
 

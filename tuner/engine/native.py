@@ -39,6 +39,7 @@ from torch.nn.utils.rnn import PackedSequence
 from torch.utils._pytree import tree_leaves, tree_map
 
 from tuner.core.torch_state import autocast_nesting
+from tuner.engine import grouped
 
 FP32 = torch.float32
 
@@ -177,6 +178,7 @@ def install(model: nn.Module, execution: Execution) -> Wrapped:
             wrapped.append((module, module.__dict__.get("forward"), None))
             module.forward = _unnested_fallback(module, module.forward,
                                                 nest=_attention_fp32(path, module, fp32_own, fp32_tree))
+    grouped.wrap_owners(model, execution.device, wrapped, _in_model_block)  # grouped GEMMs lowered (issue 44)
     return wrapped
 
 

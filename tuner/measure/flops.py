@@ -72,10 +72,22 @@ def _matmul_flops(op: str, tensors: list[Tensor], o: Tensor) -> int:
         if a.dim() == 0 or b.dim() == 0 or o.numel() == 0:
             return 0
         return 2 * o.numel() * math.isqrt(a.numel() * b.numel() // o.numel())
+    if op in ("_grouped_mm", "grouped_mm"):
+        return grouped_mm_flops(tensors[0], tensors[1], o)
     if op == "scaled_dot_product_attention":
         q, k = tensors[0], tensors[1]
         return 4 * math.prod(int(s) for s in q.shape[:-1]) * int(k.shape[-2]) * int(q.shape[-1])
     return 0
+
+def grouped_mm_flops(a: Tensor, b: Tensor, o: Tensor) -> int:
+    """torch._grouped_mm(a, b, offs=...): each group's rows (or columns) times its own matrix. Every output element
+    of a 2-d by 3-d call (an MoE layer's experts: `a` the tokens sorted by expert, `b` one matrix per expert), a 3-d
+    by 2-d or a 3-d by 3-d one sums over `a`'s last dimension; a 2-d by 2-d call (the weight gradient) splits
+    that dimension among its `o.shape[0]` groups. Counted from the output's shape, the rows past `offs[-1]`
+    (none in transformers' experts) included: reading `offs` would cost a device-to-host copy per call."""
+    if a.dim() == 2 and b.dim() == 2:
+        return 2 * (o.numel() // max(int(o.shape[0]), 1)) * int(a.shape[-1])
+    return 2 * o.numel() * int(a.shape[-1])
 
 def _conv_flops(op: str, tensors: list[Tensor], o: Tensor) -> int:
     """op_flops of a convolution: 2 per multiply-add, each output element of a (grouped) convolution taking
@@ -195,6 +207,8 @@ def aten_flops(op: str, args: tuple, kwargs: dict, out: Any) -> int:
             return 2 * o.numel() * int(a[1].shape[0]) * int(a[1].shape[1]) if o is not None else 0
         if op == "_trilinear":
             return _trilinear_flops(a, o)
+        if op == "_grouped_mm":  # (a, b, offs, bias, out_dtype)
+            return grouped_mm_flops(a[0], a[1], o) if o is not None else 0
         if op.startswith("_scaled_dot_product"):
             q, k = a[0], a[1]
             return 4 * math.prod(int(s) for s in q.shape[:-1]) * int(k.shape[-2]) * int(q.shape[-1])

@@ -88,6 +88,12 @@ UPDATES_BUFFERS: frozenset[str] = frozenset({"batch_norm", "instance_norm", "nat
                                              "_native_batch_norm_legit", "cudnn_batch_norm",
                                              "_batch_norm_impl_index", "_batch_norm_with_update"})
 
+# Grouped matrix products: `torch._grouped_mm(a, b, offs=...)` multiplies each group of rows of `a` (delimited by
+# `offs`) by its own matrix of `b`, what transformers 5 runs an MoE layer's experts as (`grouped_mm`, its default
+# experts implementation), F.grouped_mm being its Python wrapper. torch.autocast lists neither (on CPU nor CUDA):
+# mpt's presets name `_grouped_mm` in their lower list and mpt's engine casts it (`tuner.engine.function_mode`).
+GROUPED_MM_OPS: frozenset[str] = frozenset({"_grouped_mm"})
+
 # Python-level ops whose work is matrix products or convolutions: their FLOPs make a forward's FLOP share
 # (`tuner.measure.flops.op_flops`), and the engine watches the ATen kernels they run (`tuner.engine.kernels`).
 MATMUL_OPS = frozenset({"linear", "matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "mv", "dot",
@@ -95,7 +101,9 @@ MATMUL_OPS = frozenset({"linear", "matmul", "__matmul__", "__rmatmul__", "mm", "
                         "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
                         "conv_transpose3d", "conv_tbc", "bilinear",
                         # composites that ATen runs as mm/dot calls (issue 34: their FLOPs counted there only)
-                        "linalg_matmul", "tensordot", "inner", "linalg_multi_dot", "chain_matmul"})
+                        "linalg_matmul", "tensordot", "inner", "linalg_multi_dot", "chain_matmul",
+                        # grouped GEMMs: one matmul per group (an MoE layer's experts; issue 44)
+                        "grouped_mm", *GROUPED_MM_OPS})
 # one step of a recurrent cell: its two gate matmuls (`linear` inside ATen), counted as those
 RNN_CELL_OPS = frozenset({"gru_cell", "lstm_cell", "rnn_tanh_cell", "rnn_relu_cell"})
 RNN_OPS = frozenset({"lstm", "gru", "rnn_tanh", "rnn_relu", "mkldnn_rnn_layer"}) | RNN_CELL_OPS
@@ -111,7 +119,7 @@ ATEN_GEMMS = frozenset({
     "_transformer_encoder_layer_fwd", "_native_multi_head_attention", "_scaled_dot_product_flash_attention",
     "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_cudnn_attention", "_int_mm", "_scaled_mm", "mkldnn_rnn_layer", "_thnn_fused_lstm_cell",
-    "_thnn_fused_gru_cell", "_cudnn_rnn", "conv_tbc", "_trilinear",
+    "_thnn_fused_gru_cell", "_cudnn_rnn", "conv_tbc", "_trilinear", *GROUPED_MM_OPS,
 })
 
 # Dunder methods keep the seeds' spelling: `__add__` -> `add`, `__iadd__` -> `iadd`.

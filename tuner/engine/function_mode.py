@@ -36,6 +36,7 @@ from tuner.core.dtypes import short_name
 from tuner.core.torch_state import autocast_nesting
 from tuner.engine import rnn_inputs
 from tuner.engine.kernels import WATCHED, KernelWatch, kernel_dtype
+from tuner.engine.regions import DeployedAutocast, deployed_autocast, plain_keys
 from tuner.engine.tracker import OUTSIDE, ModuleTracker
 from tuner.policy.modes import InplaceMode
 from tuner.policy.opnames import (
@@ -72,7 +73,9 @@ class _EngineThread(threading.local):
     def __init__(self) -> None:
         self.counts: dict[tuple[str, str], int] = {}
         self.overrides: list[torch.dtype | None] = [None]
-        self.nesting: list[int] = []  # torch.autocast's nesting depth at each entry of the engine
+        self.nesting: list[int] = []  # torch.autocast's nesting depth at each entry of the engine (or region switch)
+        self.deployed: list[DeployedAutocast | None] = []  # the state given the model's code, per entry (`as_deployed`)
+        self.switches: list[Any] = []  # the torch.autocast blocks those entries opened (None: none)
         # id() of the exception the last call that raised raised, and that call's key: an id, not the exception,
         # which would hold its traceback's frames (and every tensor in them) for as long as the thread lives
         self.failed: tuple[int, InstanceKey] | None = None
@@ -229,6 +232,10 @@ class PrecisionEngine(TorchFunctionMode):
     return value (None, or what `list.append`/`dict.setdefault` give a one-line recorder) is ignored.
     `instance_overrides` is copied at construction; `engine.instance_overrides` may be changed between
     forward passes (rank_exact flips one entry per pass instead of building an engine per pass).
+    `as_deployed=True` (mpt's measuring forwards) runs the model's code under the torch.autocast state
+    `tuner.load` gives it, module by module (`tuner.engine.regions`), for a policy that runs as torch.autocast;
+    `native_device` names that device instead of this machine's ("cuda": the CPU suite runs a CUDA tune's
+    configuration). Without it the model's code sees torch.autocast off, as under `tuner.autocast(engine="python")`.
     """
 
     def __init__(
@@ -244,6 +251,8 @@ class PrecisionEngine(TorchFunctionMode):
         dry_run: bool = False,
         cache: CastCache | None = None,
         reset_counts_at_root: bool = True,
+        as_deployed: bool = False,
+        native_device: str | None = None,
     ) -> None:
         super().__init__()
         self.policy = policy
@@ -261,6 +270,12 @@ class PrecisionEngine(TorchFunctionMode):
         self._override_for_path: dict[str, torch.dtype | None] = {}
         self._users = 0  # threads (and nested entries) inside the engine: the cast copies stay until the last leaves
         self._users_lock = threading.Lock()
+        self._root = root
+        self.as_deployed = as_deployed
+        self.native_device = native_device
+        device = native_device or (policy.native.value if policy.native is not None else None)
+        # the engine's own calls run with torch.autocast's dispatch key excluded where it is on (`tuner.engine.regions`)
+        self._plain = plain_keys(device) if as_deployed and device is not None and root is not None else None
         self.tracker = ModuleTracker(root, on_enter=self._on_module_enter, on_exit=self._on_module_exit,
                                      on_root_enter=self.reset_counts if reset_counts_at_root else None)
 
@@ -281,20 +296,56 @@ class PrecisionEngine(TorchFunctionMode):
         self._override_for_path[path] = found
         return found
 
-    def _on_module_enter(self, module: nn.Module, path: str) -> None:
+    def _on_module_enter(self, module: nn.Module, path: str) -> Any:
         if self.module_overrides:
             own = self._module_override(path)
             scopes = self._thread.overrides
             scopes.append(own if own is not None else scopes[-1])
+        deployed = self._thread.deployed
+        return self._switch_region(deployed[-1], path) if deployed and deployed[-1] is not None else None
 
     def _on_module_exit(self, module: nn.Module, path: str, token: Any) -> None:
         scopes = self._thread.overrides
         if self.module_overrides and len(scopes) > 1:
             scopes.pop()
+        if token is not None:
+            self._thread.nesting.pop()
+            token.__exit__(None, None, None)
+
+    def _switch_region(self, deployed: DeployedAutocast, path: str) -> torch.autocast | None:
+        """The torch.autocast block that gives the module at `path` the state it runs its own code in once
+        deployed, entered (None when it already has it, or runs inside a block the model opened itself, which
+        decides there as it does deployed: `tuner.engine.native.install`)."""
+        if deployed.uniform or self._model_region() is not None:
+            return None
+        on = deployed.on_at(path)
+        if torch.is_autocast_enabled(deployed.device) == on:
+            return None
+        block = torch.autocast(deployed.device, dtype=deployed.dtype, enabled=on, cache_enabled=False)
+        block.__enter__()
+        self._thread.nesting.append(autocast_nesting())
+        return block
+
+    def _open_deployed(self) -> None:
+        """On the outermost entry of a thread with `as_deployed`: torch.autocast turned on as `tuner.load` has
+        it around the model (module regions switch it in `_switch_region`)."""
+        deployed = None
+        if self.as_deployed and not self._thread.deployed:
+            deployed = deployed_autocast(self._root, self.policy, self.dtype, self.module_overrides,
+                                         self.instance_overrides, self.native_device)
+        block = None
+        if deployed is not None:
+            block = torch.autocast(deployed.device, dtype=deployed.dtype, cache_enabled=False)
+            block.__enter__()
+        self._thread.deployed.append(deployed if deployed is not None else
+                                     (self._thread.deployed[-1] if self._thread.deployed else None))
+        self._thread.switches.append(block)
 
     # ----- context -------------------------------------------------------------
     def __enter__(self) -> PrecisionEngine:
-        if self._need_index or self.module_overrides:  # module paths are only needed then
+        self._open_deployed()
+        # module paths are only needed then (and where module regions switch torch.autocast: `_switch_region`)
+        if self._need_index or self.module_overrides or self._thread.deployed[-1] is not None:
             self.tracker.install()  # per thread (tuner.engine.tracker)
         with self._users_lock:
             self._users += 1
@@ -308,6 +359,11 @@ class PrecisionEngine(TorchFunctionMode):
         finally:
             if self._thread.nesting:
                 self._thread.nesting.pop()
+            if self._thread.deployed:
+                self._thread.deployed.pop()
+                block = self._thread.switches.pop()
+                if block is not None:
+                    block.__exit__(None, None, None)
             self.tracker.remove()
             rnn_inputs.release()
             with self._users_lock:
@@ -363,7 +419,8 @@ class PrecisionEngine(TorchFunctionMode):
             counts = self._thread.counts
             index = counts.get(key, 0)
             counts[key] = index + 1
-        own = None if rule.forced else self._model_region()
+        block = self._model_region() if self._plain is not None or not rule.forced else None
+        own = None if rule.forced else block
         if own is not None:
             target, rule, detail = None, own, ""
         else:
@@ -379,7 +436,8 @@ class PrecisionEngine(TorchFunctionMode):
                 if target is not None and not self.dry_run:
                     args, kwargs, casts = (self._cast_input(args, kwargs, target) if info.input_only
                                            else self._cast(args, kwargs, target))
-                out = _watched(func, args, kwargs, watch)
+                # as deployed, torch.autocast is on around the engine's calls: the engine decides them, not it
+                out = _watched(func, args, kwargs, watch, self._plain if block is None else None)
         except Exception as exc:  # (free when nothing raises) which call it was: `failed_call`
             self._thread.failed = (id(exc), (path, name, index))
             raise
@@ -496,7 +554,11 @@ class PrecisionEngine(TorchFunctionMode):
         if self.verbose is not None:
             self.verbose(decision)
         if self.recorder is not None:
-            replaced = self.recorder(decision, func, args, kwargs, out, raw_args, raw_kwargs)
+            if self._plain is not None:  # the recorder's own calls (a ranking's δ) run as the engine's do
+                with torch._C._ExcludeDispatchKeyGuard(self._plain):
+                    replaced = self.recorder(decision, func, args, kwargs, out, raw_args, raw_kwargs)
+            else:
+                replaced = self.recorder(decision, func, args, kwargs, out, raw_args, raw_kwargs)
             if replaced is not None and (isinstance(replaced, Tensor) if isinstance(out, Tensor)
                                          else type(replaced) is type(out)):
                 return replaced
@@ -591,8 +653,13 @@ def _ran_in(rule: Rule, kwargs: dict, out: Any, floats: list[torch.dtype]) -> to
     return floats[0]
 
 
-def _watched(func: Callable[..., Any], args: tuple, kwargs: dict, watch: KernelWatch | None) -> Any:
-    """The call, under `watch` when there is one (a recorded matmul-like call: `tuner.engine.kernels`)."""
+def _watched(func: Callable[..., Any], args: tuple, kwargs: dict, watch: KernelWatch | None,
+             plain: torch._C.DispatchKeySet | None = None) -> Any:
+    """The call, under `watch` when there is one (a recorded matmul-like call: `tuner.engine.kernels`), with
+    the `plain` dispatch keys (torch.autocast's: `tuner.engine.regions.plain_keys`) excluded when given."""
+    if plain is not None:
+        with torch._C._ExcludeDispatchKeyGuard(plain):
+            return _watched(func, args, kwargs, watch)
     if watch is None:
         return func(*args, **kwargs)
     with watch:

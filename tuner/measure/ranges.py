@@ -118,7 +118,7 @@ def _engine(policy: Policy, dtype: torch.dtype, model: nn.Module, fp32: Iterable
             modules: Iterable[str], recorder: Callable[..., Any]) -> PrecisionEngine:
     return PrecisionEngine(policy, dtype, root=model, recorder=recorder,
                            module_overrides={p: _F32 for p in modules},
-                           instance_overrides={c.key(): _F32 for c in fp32})
+                           instance_overrides={c.key(): _F32 for c in fp32}, as_deployed=True)
 
 
 class RangeRecorder:

@@ -35,6 +35,7 @@ from torch.overrides import TorchFunctionMode
 from tuner.core.dtypes import short_name
 from tuner.core.torch_state import autocast_nesting
 from tuner.engine import rnn_inputs
+from tuner.engine.backends import BACKENDS, RNN_MODES, RnnBackend, rnn_aten_name
 from tuner.engine.kernels import WATCHED, KernelWatch, kernel_dtype
 from tuner.engine.regions import DeployedAutocast, deployed_autocast, plain_keys
 from tuner.engine.tracker import OUTSIDE, ModuleTracker
@@ -236,6 +237,8 @@ class PrecisionEngine(TorchFunctionMode):
     `tuner.load` gives it, module by module (`tuner.engine.regions`), for a policy that runs as torch.autocast;
     `native_device` names that device instead of this machine's ("cuda": the CPU suite runs a CUDA tune's
     configuration). Without it the model's code sees torch.autocast off, as under `tuner.autocast(engine="python")`.
+    `backend` is the configuration an RNN call is named and run by (`tuner.engine.backends`: cuDNN's on "cuda"),
+    by default its input's device's.
     """
 
     def __init__(
@@ -253,6 +256,7 @@ class PrecisionEngine(TorchFunctionMode):
         reset_counts_at_root: bool = True,
         as_deployed: bool = False,
         native_device: str | None = None,
+        backend: RnnBackend | None = None,
     ) -> None:
         super().__init__()
         self.policy = policy
@@ -273,6 +277,7 @@ class PrecisionEngine(TorchFunctionMode):
         self._root = root
         self.as_deployed = as_deployed
         self.native_device = native_device
+        self.backend = backend  # the RNN kernels' configuration (`tuner.engine.backends`); None: each call's device's
         device = native_device or (policy.native.value if policy.native is not None else None)
         # the engine's own calls run with torch.autocast's dispatch key excluded where it is on (`tuner.engine.regions`)
         self._plain = plain_keys(device) if as_deployed and device is not None and root is not None else None
@@ -388,7 +393,7 @@ class PrecisionEngine(TorchFunctionMode):
                          autocast_inside=name in AUTOCAST_INSIDE and not self.policy.lists(name),
                          input_only=name in UPDATES_BUFFERS)
         info.fast = skip or (rule is Rule.PASSTHROUGH and not transparent and not self._need_index
-                             and not self.module_overrides and name not in _ATEN_NAME)
+                             and not self.module_overrides and name not in _ATEN_NAME and name not in RNN_MODES)
         self._infos[func] = info
         return info
 
@@ -408,7 +413,9 @@ class PrecisionEngine(TorchFunctionMode):
             return self._run_transparent(func, info, args, kwargs)
 
         refine = _ATEN_NAME.get(info.name)
-        if refine is None:
+        if info.name in RNN_MODES:
+            name, rule, detail = self._aten_rule(info, rnn_aten_name(info.name, args, self.backend))
+        elif refine is None:
             name, rule, detail = info.name, info.rule, info.detail
         else:
             name, rule, detail = self._aten_rule(info, refine(args, kwargs))
@@ -430,7 +437,7 @@ class PrecisionEngine(TorchFunctionMode):
         raw_args, raw_kwargs = args, kwargs
         watch = KernelWatch() if self.recorder is not None and name in WATCHED and not self.dry_run else None
         try:
-            if info.autocast_inside and target in LOWER_DTYPES and not self.dry_run:
+            if (info.autocast_inside or name in _AUTOCAST_DECIDES) and target in LOWER_DTYPES and not self.dry_run:
                 out = _under_autocast(func, target, args, kwargs, watch)
             else:
                 if target is not None and not self.dry_run:
@@ -697,19 +704,6 @@ def _pad_aten_name(args: tuple, kwargs: dict) -> str | None:
     return f"{family}{len(pad) // 2}d" if family is not None and pad else None
 
 
-def _lstm_aten_name(args: tuple, kwargs: dict) -> str | None:
-    """torch.lstm on CPU runs mkldnn_rnn_layer when oneDNN takes it (RNN.cpp's use_mkldnn): the padded
-    overload `lstm(input, (h, c), params, ...)` with a non-empty input. With proj_size > 0 it falls back
-    to linear/matmul cells, which torch.autocast also lowers: the same outcome."""
-    first = args[0] if args else None
-    hx = args[1] if len(args) > 1 else None
-    if (isinstance(first, Tensor) and first.device.type == "cpu" and first.numel() > 0
-            and isinstance(hx, (list, tuple)) and len(hx) == 2
-            and torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
-        return "mkldnn_rnn_layer"
-    return None
-
-
 def _dot_aten_name(args: tuple, kwargs: dict) -> str | None:
     """torch.inner / torch.tensordot of two 1-d tensors, contracted over their one dimension, run as ATen's `dot`
     (their other shapes as mm/bmm, which the lists' Python-level entries for them describe): on CPU torch.autocast
@@ -724,9 +718,12 @@ def _dot_aten_name(args: tuple, kwargs: dict) -> str | None:
 
 
 # Python-level ops that torch runs as a differently named ATen op, depending on the call's arguments:
-# when the policy lists that ATen op, its rule decides (torch.autocast sees only the ATen name).
-_ATEN_NAME: dict[str, Callable[[tuple, dict], str | None]] = {"pad": _pad_aten_name, "lstm": _lstm_aten_name,
-                                                              "inner": _dot_aten_name, "tensordot": _dot_aten_name}
+# when the policy lists that ATen op, its rule decides (torch.autocast sees only the ATen name). The RNN ops
+# (`backends.RNN_MODES`) too, by the device's configuration (`tuner.engine.backends`).
+_ATEN_NAME: dict[str, Callable[[tuple, dict], str | None]] = {"pad": _pad_aten_name, "inner": _dot_aten_name,
+                                                              "tensordot": _dot_aten_name}
+# ATen ops whose torch.autocast kernel picks its dtype itself (cuDNN's RNN: float16): lowered under torch.autocast
+_AUTOCAST_DECIDES = frozenset(b.aten for b in BACKENDS.values() if b.autocast_decides)
 # ... and those whose listed rule describes their other ATen form only (torch-cpu lists `inner` and `tensordot` as
 # lower for what they run as mm): the ATen op's rule decides, its list's or the unlisted one.
 _RUNS_AS_ATEN = frozenset({"inner", "tensordot"})

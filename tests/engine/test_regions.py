@@ -96,3 +96,27 @@ def test_maybe_autocast_is_5_17s():
     assert isinstance(maybe_autocast("cpu", enabled=False), type(maybe_autocast("meta")))
     with torch.autocast("cpu", torch.bfloat16):
         assert isinstance(maybe_autocast("cpu", enabled=False), torch.autocast)
+
+
+class OnlyUnderAutocast(torch.nn.Module):
+    """A region that exists only when autocast is on, and opens it on: its head computes in float16 then."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.head = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.body(x)
+        if torch.is_autocast_enabled("cpu"):
+            with torch.autocast("cpu", dtype=torch.float16):
+                return self.head(h).float()
+        return self.head(h)
+
+
+def test_a_region_that_exists_only_under_autocast_is_claimed_as_it_runs():
+    torch.manual_seed(0)
+    model, inputs = OnlyUnderAutocast().eval(), (torch.randn(4, 8),)
+    plan = Plan(dtype="bf16", preset="torch-cpu")
+    record, seen = record_plan(model, plan, inputs), observe(model, plan, inputs)
+    assert gemm_mismatches(seen.gemms, record.claimed, record.tolerated) == []
+    assert record.claimed["head"] == seen.gemms["head"] == {torch.float16}

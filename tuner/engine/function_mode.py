@@ -722,11 +722,11 @@ def _dot_aten_name(args: tuple, kwargs: dict) -> str | None:
 # (`backends.RNN_MODES`) too, by the device's configuration (`tuner.engine.backends`).
 _ATEN_NAME: dict[str, Callable[[tuple, dict], str | None]] = {"pad": _pad_aten_name, "inner": _dot_aten_name,
                                                               "tensordot": _dot_aten_name}
-# ATen ops whose torch.autocast kernel picks its dtype itself (cuDNN's RNN: float16): lowered under torch.autocast
-_AUTOCAST_DECIDES = frozenset(b.aten for b in BACKENDS.values() if b.autocast_decides)
 # ... and those whose listed rule describes their other ATen form only (torch-cpu lists `inner` and `tensordot` as
 # lower for what they run as mm): the ATen op's rule decides, its list's or the unlisted one.
 _RUNS_AS_ATEN = frozenset({"inner", "tensordot"})
+# ATen ops whose torch.autocast kernel picks its dtype itself (cuDNN's RNN: float16): lowered under torch.autocast
+_AUTOCAST_DECIDES = frozenset(b.aten for b in BACKENDS.values() if b.autocast_decides)
 
 
 class disable_casts:

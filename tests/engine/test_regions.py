@@ -119,3 +119,14 @@ def test_a_region_that_exists_only_under_autocast_is_claimed_as_it_runs():
     record, seen = record_plan(model, plan, inputs), observe(model, plan, inputs)
     assert gemm_mismatches(seen.gemms, record.claimed, record.tolerated) == []
     assert record.claimed["head"] == seen.gemms["head"] == {torch.float16}
+
+
+def test_inspect_shows_the_conditional_block_as_the_model_keeps_it():
+    """`mpt inspect` runs its policy pass as deployed too: the 5.17 rotary matmul is the model's FP32."""
+    from tuner.measure.inspection import inspect_model
+
+    model, inputs = _model("5.17")
+    records = {(r.module, r.op, r.index): r for r in inspect_model(model, inputs, "torch-cpu").records}
+    rotary = records[("rotary_emb", "matmul", 0)]
+    assert rotary.rule is Rule.MODEL_FP32 and rotary.dtype == "fp32"
+    assert records[("layers.0.q", "linear", 0)].dtype == "bf16"

@@ -278,9 +278,9 @@ class PrecisionEngine(TorchFunctionMode):
         self.as_deployed = as_deployed
         self.native_device = native_device
         self.backend = backend  # the RNN kernels' configuration (`tuner.engine.backends`); None: each call's device's
-        device = native_device or (policy.native.value if policy.native is not None else None)
-        # the engine's own calls run with torch.autocast's dispatch key excluded where it is on (`tuner.engine.regions`)
-        self._plain = plain_keys(device) if as_deployed and device is not None and root is not None else None
+        # the engine's own calls run with torch.autocast's dispatch keys excluded where it is on, as deployed (set on
+        # entry: `_open_deployed`, from `as_deployed`, which a caller may also set on an engine it did not build)
+        self._plain: torch._C.DispatchKeySet | None = None
         self.tracker = ModuleTracker(root, on_enter=self._on_module_enter, on_exit=self._on_module_exit,
                                      on_root_enter=self.reset_counts if reset_counts_at_root else None)
 
@@ -340,6 +340,7 @@ class PrecisionEngine(TorchFunctionMode):
                                          self.instance_overrides, self.native_device)
         block = None
         if deployed is not None:
+            self._plain = plain_keys(deployed.device)
             block = torch.autocast(deployed.device, dtype=deployed.dtype, cache_enabled=False)
             block.__enter__()
         self._thread.deployed.append(deployed if deployed is not None else

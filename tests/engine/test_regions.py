@@ -130,3 +130,27 @@ def test_inspect_shows_the_conditional_block_as_the_model_keeps_it():
     rotary = records[("rotary_emb", "matmul", 0)]
     assert rotary.rule is Rule.MODEL_FP32 and rotary.dtype == "fp32"
     assert records[("layers.0.q", "linear", 0)].dtype == "bf16"
+
+
+class OtherDeviceBlock(torch.nn.Module):
+    """An FP32 block opened for CUDA in a model that runs on the CPU: it changes nothing for CPU ops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cuda", enabled=False):
+            return self.b(self.a(x))
+
+
+@pytest.mark.filterwarnings("ignore:.*CUDA is not available")
+def test_a_block_for_another_device_is_claimed_as_torch_autocast_runs_it():
+    """Once limits.md's: the engine took it for the model's own FP32 block while the CPU ops in it ran low.
+    With the engine's forward under torch.autocast("cpu") as deployed, CPU autocast stays on in it."""
+    torch.manual_seed(0)
+    model, inputs = OtherDeviceBlock().eval(), (torch.randn(4, 8),)
+    plan = Plan(dtype="bf16", preset="torch-cpu")
+    record, seen = record_plan(model, plan, inputs), observe(model, plan, inputs)
+    assert gemm_mismatches(seen.gemms, record.claimed, record.tolerated) == []
+    assert record.claimed["a"] == seen.gemms["a"] == {torch.bfloat16}

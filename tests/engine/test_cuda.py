@@ -44,3 +44,28 @@ def test_tune_on_cuda_planted():
     task.labels = task.labels.cuda()
     res = tune(task.build, task.evaluate, lambda: (task.x[:8],), TuneOptions(dtype="bf16", device="cuda"))
     assert res.status == "ok"
+
+
+@pytest.mark.parametrize("rnn", [torch.nn.LSTM, torch.nn.GRU])
+def test_a_cudnn_rnn_is_claimed_as_it_runs(rnn):
+    """Issue 44: cuDNN's RNN runs in float16 under torch.autocast("cuda", bfloat16); the claims say so."""
+    from tuner import Plan
+    from tuner.measure.deployed import gemm_mismatches, observe
+    from tuner.measure.recorded import record_plan
+
+    class LM(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.rnn, self.head = torch.nn.Embedding(20, 8), rnn(8, 8, batch_first=True), \
+                torch.nn.Linear(8, 20)
+
+        def forward(self, ids):
+            return self.head(self.rnn(self.embed(ids))[0])
+
+    model = LM().cuda().eval()
+    inputs = (torch.randint(0, 20, (2, 5), device="cuda"),)
+    plan = Plan(dtype="bf16", preset="torch-cuda")
+    record, seen = record_plan(model, plan, inputs), observe(model, plan, inputs)
+    assert gemm_mismatches(seen.gemms, record.claimed, record.tolerated) == []
+    assert record.claimed["rnn"] == seen.gemms["rnn"] == {torch.float16}
+    assert abs(record.shares.flop_share - seen.flop_share) < 1e-9

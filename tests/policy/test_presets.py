@@ -244,11 +244,16 @@ def md_torch_split(device: str) -> dict[str, str]:
     return split
 
 
+# Registered for AutocastCUDA in CUDA builds with cuDNN only (ATen/cudnn/AutocastRNN.cpp): a CPU build lacks them.
+CUDA_BUILD_ONLY = {"_cudnn_rnn"}
+
+
 def registered(key: str) -> set[str]:
-    """ATen ops with a kernel for an Autocast dispatch key in the installed torch (no aten::, no overload)."""
+    """ATen ops with a kernel for an Autocast dispatch key in the installed torch (no aten::, no overload), and for
+    AutocastCUDA those a CUDA build registers (`CUDA_BUILD_ONLY`) whatever build is installed."""
     names = [n for n in torch._C._dispatch_get_all_op_names()
              if torch._C._dispatch_has_kernel_for_dispatch_key(n, key)]
-    return {n.split("::", 1)[-1].split(".")[0] for n in names}
+    return {n.split("::", 1)[-1].split(".")[0] for n in names} | (CUDA_BUILD_ONLY if key == "AutocastCUDA" else set())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -437,7 +442,7 @@ GOLDEN_TORCH = {
             addbmm addmm addmv addr baddbmm bmm chain_matmul conv1d conv2d conv3d conv_tbc conv_transpose1d
             conv_transpose2d conv_transpose3d convolution cudnn_convolution cudnn_convolution_transpose einsum
             gru_cell linalg_multi_dot linalg_vecdot linear lstm_cell matmul mm mv prelu rnn_relu_cell rnn_tanh_cell
-            scaled_dot_product_attention""".split()),
+            scaled_dot_product_attention _cudnn_rnn""".split()),
         "promote": set("addcdiv addcmul atan2 bilinear cross dot vdot grid_sampler index_put tensordot "
                        "scatter_add".split()),
         "banned": {"binary_cross_entropy"},

@@ -19,7 +19,7 @@ from tuner.core.hf_config import architecture
 
 __all__ = ["offline_transformers", "build_hf_model", "hf_forward", "SentenceEncoder", "is_sentence_transformers"]
 
-INSTALL_HINT = ("pip install -c constraints.txt 'transformers>=4.40' (constraints.txt pinning your torch, e.g. "
+INSTALL_HINT = ("pip install -c constraints.txt 'transformers>=5.24' (constraints.txt pinning your torch, e.g. "
                 "torch==2.13.0, so pip keeps it)")
 
 

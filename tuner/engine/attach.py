@@ -21,6 +21,7 @@ from tuner.engine import grouped, native
 from tuner.engine.function_mode import Decision, PrecisionEngine
 from tuner.engine.kind import EngineKind
 from tuner.engine.portable import Reattach, forget_portable, make_portable
+from tuner.engine.regions import native_device, scoped_modules
 from tuner.policy.modes import NativeDevice
 from tuner.policy.plan import Plan
 from tuner.policy.presets import Policy, custom_policy, load_preset
@@ -132,13 +133,6 @@ def _show_verbose_log() -> None:
 def _log_decision(decision: Decision) -> None:
     log.info("%s  %s#%d  %s -> %s  (%s)", decision.module or "(root)", decision.op, decision.index,
              ",".join(decision.in_dtype_names) or "-", decision.compute_name, decision.reason)
-
-
-def native_device(pol: Policy) -> NativeDevice | None:
-    """The device whose torch.autocast `pol` can run as: its `native` device when this machine has it, else None."""
-    if pol.native is NativeDevice.CPU or (pol.native is NativeDevice.CUDA and torch.cuda.is_available()):
-        return pol.native
-    return None
 
 
 class _Entered(threading.local):
@@ -420,11 +414,8 @@ def _scoped_forward(model: nn.Module, pol: Policy, device: NativeDevice, lower: 
     # model call (below), not at each of those entries.
     eng = PrecisionEngine(pol, lower, root=model, module_overrides=mods, instance_overrides=instances,
                           reset_counts_at_root=False)
-    owners = {key[0] for key in instances}
     names = dict(model.named_modules())
-    scoped = {path for path in names if path in owners or any(path == p or fnmatchcase(path, p) for p in mods)}
-    # Only the outermost scoped modules need hooks: the engine follows their children itself.
-    scoped = {p for p in scoped if not any(p != q and (q == "" or p.startswith(q + ".")) for q in scoped)}
+    scoped = scoped_modules(model, mods, instances)  # the outermost: the engine follows their children itself
     local = _ScopedThread()  # each thread's own depth and regions: threads may run the model at once
 
     def pre(module: nn.Module, args: Any) -> None:

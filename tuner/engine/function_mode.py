@@ -35,7 +35,9 @@ from torch.overrides import TorchFunctionMode
 from tuner.core.dtypes import short_name
 from tuner.core.torch_state import autocast_nesting
 from tuner.engine import rnn_inputs
+from tuner.engine.backends import BACKENDS, RNN_MODES, RnnBackend, rnn_aten_name
 from tuner.engine.kernels import WATCHED, KernelWatch, kernel_dtype
+from tuner.engine.regions import DeployedAutocast, deployed_autocast, plain_keys
 from tuner.engine.tracker import OUTSIDE, ModuleTracker
 from tuner.policy.modes import InplaceMode
 from tuner.policy.opnames import (
@@ -72,7 +74,9 @@ class _EngineThread(threading.local):
     def __init__(self) -> None:
         self.counts: dict[tuple[str, str], int] = {}
         self.overrides: list[torch.dtype | None] = [None]
-        self.nesting: list[int] = []  # torch.autocast's nesting depth at each entry of the engine
+        self.nesting: list[int] = []  # torch.autocast's nesting depth at each entry of the engine (or region switch)
+        self.deployed: list[DeployedAutocast | None] = []  # the state given the model's code, per entry (`as_deployed`)
+        self.switches: list[Any] = []  # the torch.autocast blocks those entries opened (None: none)
         # id() of the exception the last call that raised raised, and that call's key: an id, not the exception,
         # which would hold its traceback's frames (and every tensor in them) for as long as the thread lives
         self.failed: tuple[int, InstanceKey] | None = None
@@ -229,6 +233,12 @@ class PrecisionEngine(TorchFunctionMode):
     return value (None, or what `list.append`/`dict.setdefault` give a one-line recorder) is ignored.
     `instance_overrides` is copied at construction; `engine.instance_overrides` may be changed between
     forward passes (rank_exact flips one entry per pass instead of building an engine per pass).
+    `as_deployed=True` (mpt's measuring forwards) runs the model's code under the torch.autocast state
+    `tuner.load` gives it, module by module (`tuner.engine.regions`), for a policy that runs as torch.autocast;
+    `native_device` names that device instead of this machine's ("cuda": the CPU suite runs a CUDA tune's
+    configuration). Without it the model's code sees torch.autocast off, as under `tuner.autocast(engine="python")`.
+    `backend` is the configuration an RNN call is named and run by (`tuner.engine.backends`: cuDNN's on "cuda"),
+    by default its input's device's.
     """
 
     def __init__(
@@ -244,6 +254,9 @@ class PrecisionEngine(TorchFunctionMode):
         dry_run: bool = False,
         cache: CastCache | None = None,
         reset_counts_at_root: bool = True,
+        as_deployed: bool = False,
+        native_device: str | None = None,
+        backend: RnnBackend | None = None,
     ) -> None:
         super().__init__()
         self.policy = policy
@@ -261,6 +274,13 @@ class PrecisionEngine(TorchFunctionMode):
         self._override_for_path: dict[str, torch.dtype | None] = {}
         self._users = 0  # threads (and nested entries) inside the engine: the cast copies stay until the last leaves
         self._users_lock = threading.Lock()
+        self._root = root
+        self.as_deployed = as_deployed
+        self.native_device = native_device
+        self.backend = backend  # the RNN kernels' configuration (`tuner.engine.backends`); None: each call's device's
+        # the engine's own calls run with torch.autocast's dispatch keys excluded where it is on, as deployed (set on
+        # entry: `_open_deployed`, from `as_deployed`, which a caller may also set on an engine it did not build)
+        self._plain: torch._C.DispatchKeySet | None = None
         self.tracker = ModuleTracker(root, on_enter=self._on_module_enter, on_exit=self._on_module_exit,
                                      on_root_enter=self.reset_counts if reset_counts_at_root else None)
 
@@ -281,20 +301,57 @@ class PrecisionEngine(TorchFunctionMode):
         self._override_for_path[path] = found
         return found
 
-    def _on_module_enter(self, module: nn.Module, path: str) -> None:
+    def _on_module_enter(self, module: nn.Module, path: str) -> Any:
         if self.module_overrides:
             own = self._module_override(path)
             scopes = self._thread.overrides
             scopes.append(own if own is not None else scopes[-1])
+        deployed = self._thread.deployed
+        return self._switch_region(deployed[-1], path) if deployed and deployed[-1] is not None else None
 
     def _on_module_exit(self, module: nn.Module, path: str, token: Any) -> None:
         scopes = self._thread.overrides
         if self.module_overrides and len(scopes) > 1:
             scopes.pop()
+        if token is not None:
+            self._thread.nesting.pop()
+            token.__exit__(None, None, None)
+
+    def _switch_region(self, deployed: DeployedAutocast, path: str) -> torch.autocast | None:
+        """The torch.autocast block that gives the module at `path` the state it runs its own code in once
+        deployed, entered (None when it already has it, or runs inside a block the model opened itself, which
+        decides there as it does deployed: `tuner.engine.native.install`)."""
+        if deployed.uniform or self._model_region() is not None:
+            return None
+        on = deployed.on_at(path)
+        if torch.is_autocast_enabled(deployed.device) == on:
+            return None
+        block = torch.autocast(deployed.device, dtype=deployed.dtype, enabled=on, cache_enabled=False)
+        block.__enter__()
+        self._thread.nesting.append(autocast_nesting())
+        return block
+
+    def _open_deployed(self) -> None:
+        """On the outermost entry of a thread with `as_deployed`: torch.autocast turned on as `tuner.load` has
+        it around the model (module regions switch it in `_switch_region`)."""
+        deployed = None
+        if self.as_deployed and not self._thread.deployed:
+            deployed = deployed_autocast(self._root, self.policy, self.dtype, self.module_overrides,
+                                         self.instance_overrides, self.native_device)
+        block = None
+        if deployed is not None:
+            self._plain = plain_keys(deployed.device)
+            block = torch.autocast(deployed.device, dtype=deployed.dtype, cache_enabled=False)
+            block.__enter__()
+        self._thread.deployed.append(deployed if deployed is not None else
+                                     (self._thread.deployed[-1] if self._thread.deployed else None))
+        self._thread.switches.append(block)
 
     # ----- context -------------------------------------------------------------
     def __enter__(self) -> PrecisionEngine:
-        if self._need_index or self.module_overrides:  # module paths are only needed then
+        self._open_deployed()
+        # module paths are only needed then (and where module regions switch torch.autocast: `_switch_region`)
+        if self._need_index or self.module_overrides or self._thread.deployed[-1] is not None:
             self.tracker.install()  # per thread (tuner.engine.tracker)
         with self._users_lock:
             self._users += 1
@@ -308,6 +365,11 @@ class PrecisionEngine(TorchFunctionMode):
         finally:
             if self._thread.nesting:
                 self._thread.nesting.pop()
+            if self._thread.deployed:
+                self._thread.deployed.pop()
+                block = self._thread.switches.pop()
+                if block is not None:
+                    block.__exit__(None, None, None)
             self.tracker.remove()
             rnn_inputs.release()
             with self._users_lock:
@@ -332,7 +394,7 @@ class PrecisionEngine(TorchFunctionMode):
                          autocast_inside=name in AUTOCAST_INSIDE and not self.policy.lists(name),
                          input_only=name in UPDATES_BUFFERS)
         info.fast = skip or (rule is Rule.PASSTHROUGH and not transparent and not self._need_index
-                             and not self.module_overrides and name not in _ATEN_NAME)
+                             and not self.module_overrides and name not in _ATEN_NAME and name not in RNN_MODES)
         self._infos[func] = info
         return info
 
@@ -352,7 +414,9 @@ class PrecisionEngine(TorchFunctionMode):
             return self._run_transparent(func, info, args, kwargs)
 
         refine = _ATEN_NAME.get(info.name)
-        if refine is None:
+        if info.name in RNN_MODES:
+            name, rule, detail = self._aten_rule(info, rnn_aten_name(info.name, args, self.backend))
+        elif refine is None:
             name, rule, detail = info.name, info.rule, info.detail
         else:
             name, rule, detail = self._aten_rule(info, refine(args, kwargs))
@@ -363,7 +427,8 @@ class PrecisionEngine(TorchFunctionMode):
             counts = self._thread.counts
             index = counts.get(key, 0)
             counts[key] = index + 1
-        own = None if rule.forced else self._model_region()
+        block = self._model_region() if self._plain is not None or not rule.forced else None
+        own = None if rule.forced else block
         if own is not None:
             target, rule, detail = None, own, ""
         else:
@@ -373,13 +438,14 @@ class PrecisionEngine(TorchFunctionMode):
         raw_args, raw_kwargs = args, kwargs
         watch = KernelWatch() if self.recorder is not None and name in WATCHED and not self.dry_run else None
         try:
-            if info.autocast_inside and target in LOWER_DTYPES and not self.dry_run:
+            if (info.autocast_inside or name in _AUTOCAST_DECIDES) and target in LOWER_DTYPES and not self.dry_run:
                 out = _under_autocast(func, target, args, kwargs, watch)
             else:
                 if target is not None and not self.dry_run:
                     args, kwargs, casts = (self._cast_input(args, kwargs, target) if info.input_only
                                            else self._cast(args, kwargs, target))
-                out = _watched(func, args, kwargs, watch)
+                # as deployed, torch.autocast is on around the engine's calls: the engine decides them, not it
+                out = _watched(func, args, kwargs, watch, self._plain if block is None else None)
         except Exception as exc:  # (free when nothing raises) which call it was: `failed_call`
             self._thread.failed = (id(exc), (path, name, index))
             raise
@@ -496,7 +562,11 @@ class PrecisionEngine(TorchFunctionMode):
         if self.verbose is not None:
             self.verbose(decision)
         if self.recorder is not None:
-            replaced = self.recorder(decision, func, args, kwargs, out, raw_args, raw_kwargs)
+            if self._plain is not None:  # the recorder's own calls (a ranking's δ) run as the engine's do
+                with torch._C._ExcludeDispatchKeyGuard(self._plain):
+                    replaced = self.recorder(decision, func, args, kwargs, out, raw_args, raw_kwargs)
+            else:
+                replaced = self.recorder(decision, func, args, kwargs, out, raw_args, raw_kwargs)
             if replaced is not None and (isinstance(replaced, Tensor) if isinstance(out, Tensor)
                                          else type(replaced) is type(out)):
                 return replaced
@@ -591,8 +661,13 @@ def _ran_in(rule: Rule, kwargs: dict, out: Any, floats: list[torch.dtype]) -> to
     return floats[0]
 
 
-def _watched(func: Callable[..., Any], args: tuple, kwargs: dict, watch: KernelWatch | None) -> Any:
-    """The call, under `watch` when there is one (a recorded matmul-like call: `tuner.engine.kernels`)."""
+def _watched(func: Callable[..., Any], args: tuple, kwargs: dict, watch: KernelWatch | None,
+             plain: torch._C.DispatchKeySet | None = None) -> Any:
+    """The call, under `watch` when there is one (a recorded matmul-like call: `tuner.engine.kernels`), with
+    the `plain` dispatch keys (torch.autocast's: `tuner.engine.regions.plain_keys`) excluded when given."""
+    if plain is not None:
+        with torch._C._ExcludeDispatchKeyGuard(plain):
+            return _watched(func, args, kwargs, watch)
     if watch is None:
         return func(*args, **kwargs)
     with watch:
@@ -630,19 +705,6 @@ def _pad_aten_name(args: tuple, kwargs: dict) -> str | None:
     return f"{family}{len(pad) // 2}d" if family is not None and pad else None
 
 
-def _lstm_aten_name(args: tuple, kwargs: dict) -> str | None:
-    """torch.lstm on CPU runs mkldnn_rnn_layer when oneDNN takes it (RNN.cpp's use_mkldnn): the padded
-    overload `lstm(input, (h, c), params, ...)` with a non-empty input. With proj_size > 0 it falls back
-    to linear/matmul cells, which torch.autocast also lowers: the same outcome."""
-    first = args[0] if args else None
-    hx = args[1] if len(args) > 1 else None
-    if (isinstance(first, Tensor) and first.device.type == "cpu" and first.numel() > 0
-            and isinstance(hx, (list, tuple)) and len(hx) == 2
-            and torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
-        return "mkldnn_rnn_layer"
-    return None
-
-
 def _dot_aten_name(args: tuple, kwargs: dict) -> str | None:
     """torch.inner / torch.tensordot of two 1-d tensors, contracted over their one dimension, run as ATen's `dot`
     (their other shapes as mm/bmm, which the lists' Python-level entries for them describe): on CPU torch.autocast
@@ -657,12 +719,15 @@ def _dot_aten_name(args: tuple, kwargs: dict) -> str | None:
 
 
 # Python-level ops that torch runs as a differently named ATen op, depending on the call's arguments:
-# when the policy lists that ATen op, its rule decides (torch.autocast sees only the ATen name).
-_ATEN_NAME: dict[str, Callable[[tuple, dict], str | None]] = {"pad": _pad_aten_name, "lstm": _lstm_aten_name,
-                                                              "inner": _dot_aten_name, "tensordot": _dot_aten_name}
+# when the policy lists that ATen op, its rule decides (torch.autocast sees only the ATen name). The RNN ops
+# (`backends.RNN_MODES`) too, by the device's configuration (`tuner.engine.backends`).
+_ATEN_NAME: dict[str, Callable[[tuple, dict], str | None]] = {"pad": _pad_aten_name, "inner": _dot_aten_name,
+                                                              "tensordot": _dot_aten_name}
 # ... and those whose listed rule describes their other ATen form only (torch-cpu lists `inner` and `tensordot` as
 # lower for what they run as mm): the ATen op's rule decides, its list's or the unlisted one.
 _RUNS_AS_ATEN = frozenset({"inner", "tensordot"})
+# ATen ops whose torch.autocast kernel picks its dtype itself (cuDNN's RNN: float16): lowered under torch.autocast
+_AUTOCAST_DECIDES = frozenset(b.aten for b in BACKENDS.values() if b.autocast_decides)
 
 
 class disable_casts:

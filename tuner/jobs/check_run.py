@@ -151,7 +151,7 @@ def _unused_instances(model: Any, plan: Plan, inputs: ModelInputs) -> list[str]:
 
     with torch.no_grad(), PrecisionEngine(plan.policy(), plan.torch_dtype, root=model, recorder=record,
                                           module_overrides=plan.module_overrides(),
-                                          instance_overrides=plan.instance_overrides()):
+                                          instance_overrides=plan.instance_overrides(), as_deployed=True):
         call_forward(model, inputs, what="forward on example_inputs")
     return [i.label() for i in (*plan.fp32_instances, *plan.fallback_instances) if i.key() not in seen]
 

@@ -225,6 +225,8 @@ def aten_flops(op: str, args: tuple, kwargs: dict, out: Any) -> int:
         if op == "mkldnn_rnn_layer":  # one layer: (input, w_ih, w_hh, ...)
             x = a[0]
             return 2 * (x.numel() // int(x.shape[-1])) * int(a[1].numel() + a[2].numel())
+        if op == "_cudnn_rnn":  # every layer: (input, [weights...], ...), as `_rnn_flops` counts torch.lstm/gru
+            return 2 * (a[0].numel() // int(a[0].shape[-1])) * sum(int(w.numel()) for w in a[1] if w.dim() == 2)
     except (IndexError, RuntimeError, AttributeError, TypeError):
         return 0
     return 0

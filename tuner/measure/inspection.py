@@ -240,7 +240,10 @@ def _inspect(model: nn.Module, inputs: ModelInputs | tuple, policy: PolicyLike, 
         records.append(reference.record(d, args, kwargs, out, func))
         counter.count(d, records[-1].flops)
 
-    with torch.no_grad(), run(recorder=record_policy):
+    policy_run = run(recorder=record_policy)
+    if policy_run.engine is not None:  # the model's code sees torch.autocast as deployed (`tuner.engine.regions`)
+        policy_run.engine.as_deployed = True
+    with torch.no_grad(), policy_run:
         output = call_forward(model, policy_inputs)
     first_bad = next((r.label for r in records if r.nonfinite
                       and _all_finite(reference.outputs.get((r.module, r.op, r.index)))), None)

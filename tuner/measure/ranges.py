@@ -120,7 +120,8 @@ def _engine(policy: Policy, dtype: torch.dtype, model: nn.Module, fp32: Iterable
     overrides = {c.key(): fallback_dtype for c in fallback}
     overrides.update({c.key(): _F32 for c in fp32})
     return PrecisionEngine(policy, dtype, root=model, recorder=recorder,
-                           module_overrides={p: _F32 for p in modules}, instance_overrides=overrides)
+                           module_overrides={p: _F32 for p in modules}, instance_overrides=overrides,
+                           as_deployed=True)
 
 
 class RangeRecorder:

@@ -116,7 +116,7 @@ def rank_exact(model: nn.Module, inputs: ModelInputs | tuple, policy: Policy, dt
     overrides = {c.key(): _F32 for c in candidates}
     for c in todo:
         overrides.setdefault(c.key(), _F32)
-    engine = PrecisionEngine(policy, dtype, root=model, instance_overrides=overrides)
+    engine = PrecisionEngine(policy, dtype, root=model, instance_overrides=overrides, as_deployed=True)
     table = engine.instance_overrides  # the engine's own copy: flipped in place, one entry per forward
     scores: dict[OpInstance, float] = {}
     with torch.no_grad():
@@ -457,7 +457,8 @@ def rank_gradient(model: nn.Module, inputs: ModelInputs | tuple, policy: Policy,
     def one_pass(group: set[OpInstance] | None) -> _Shadow:
         shadow = _Shadow(wanted, policy, dtype, budget, group, observer if group is None else None)
         with torch.enable_grad():
-            with PrecisionEngine(policy, dtype, root=model, instance_overrides=overrides, recorder=shadow):
+            with PrecisionEngine(policy, dtype, root=model, instance_overrides=overrides, recorder=shadow,
+                                 as_deployed=True):
                 out = model_inputs.call(model)
             shadow.marks.clear()
             if group is None:  # the first pass: now the sizes of all candidates are known

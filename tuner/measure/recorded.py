@@ -73,7 +73,7 @@ def record_plan(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> Pl
 
     with torch.no_grad(), PrecisionEngine(policy, plan.torch_dtype, root=model, recorder=record,
                                           module_overrides=plan.module_overrides(),
-                                          instance_overrides=plan.instance_overrides()):
+                                          instance_overrides=plan.instance_overrides(), as_deployed=True):
         ModelInputs.of(inputs).call(model)
     return PlanRecord(counter.shares, {k: frozenset(v) for k, v in claimed.items()},
                       {k: frozenset(v) for k, v in tolerated.items()}, frozenset(idle), frozenset(low_ops))

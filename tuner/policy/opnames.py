@@ -106,7 +106,7 @@ MATMUL_OPS = frozenset({"linear", "matmul", "__matmul__", "__rmatmul__", "mm", "
                         "grouped_mm", *GROUPED_MM_OPS})
 # one step of a recurrent cell: its two gate matmuls (`linear` inside ATen), counted as those
 RNN_CELL_OPS = frozenset({"gru_cell", "lstm_cell", "rnn_tanh_cell", "rnn_relu_cell"})
-RNN_OPS = frozenset({"lstm", "gru", "rnn_tanh", "rnn_relu", "mkldnn_rnn_layer"}) | RNN_CELL_OPS
+RNN_OPS = frozenset({"lstm", "gru", "rnn_tanh", "rnn_relu", "mkldnn_rnn_layer", "_cudnn_rnn"}) | RNN_CELL_OPS
 
 # ATen ops that multiply matrices or convolve (the work whose precision a plan decides), fused ones included.
 # `linear` and `matmul` reach a dispatch mode only on a NestedTensor (whose own kernels they are; on a plain

@@ -138,6 +138,7 @@ def _recorded(model: nn.Module, inputs: ModelInputs, policy: Policy, dtype: torc
 
     with torch.no_grad(), PrecisionEngine(policy, dtype, root=model, recorder=record,
                                           module_overrides={p: torch.float32 for p in fp32_modules},
-                                          instance_overrides={c.key(): torch.float32 for c in fp32_calls}):
+                                          instance_overrides={c.key(): torch.float32 for c in fp32_calls},
+                                          as_deployed=True):
         low_out = call_forward(model, inputs)
     return costs, flops, counter.shares, low_out

@@ -168,7 +168,7 @@ def test_a_type_kept_fp32_in_one_place_costs_the_lists_its_share_everywhere():
     assert lists.names("gaudi")[1] == sorted(set(lists.names("gaudi")[1]))
     text = "\n".join(training_section(lists, Path("out")))
     assert "0.0% of matmul/conv FLOPs in bf16 against the plan's" in text and "measured, not evaluated" in text
-    assert text.startswith("Use it in the training loop")  # a plan tuned for training
+    assert text.startswith("Train with it as every trial trained")  # a plan tuned for training
 
 
 def test_a_list_plan_that_makes_the_models_own_code_raise_is_reported_not_an_internal_error():

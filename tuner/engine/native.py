@@ -317,6 +317,13 @@ def low_autocast(device: str, dtype: torch.dtype) -> torch.autocast:
 _LOW = (torch.bfloat16, torch.float16)
 
 
+def fp32_outputs(module: nn.Module, args: Any, output: Any) -> Any:
+    """A forward hook that hands the module's lower-precision float outputs back in FP32 (`_to_fp32`): what a
+    training plan's attached root returns (`tuner.engine.attach`), so the loss and the metric computed on them
+    outside the forward run in FP32, as torch.autocast's FP32 list runs a loss on its low outputs."""
+    return _to_fp32(output)
+
+
 def _to_fp32(x: Any) -> Any:
     """Lower-precision float tensors in `x` as FP32, found by structure: any container torch's pytree knows
     (tuples, NamedTuples, lists, dicts, Hugging Face `ModelOutput`s) and dataclasses; anything else as is. What

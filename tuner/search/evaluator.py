@@ -29,6 +29,7 @@ from tuner.core.inputs import ModelInputs, detached_copy, element_count
 from tuner.core.loader import call_forward, raised_at, user_site
 from tuner.core.memory import find_out_of_memory, free_memory, out_of_memory
 from tuner.engine.attach import attach, detach
+from tuner.engine.scaler import LossScaler, ScalerSummary, watching
 from tuner.measure.deployed import NotAsClaimed, observe, weight_dtypes
 from tuner.measure.inspection import relative_error
 from tuner.measure.lowering import ParameterUses, parameter_uses, predictable, predicted_lowered, uses_of
@@ -94,6 +95,7 @@ class _Run(NamedTuple):
     fed: int
     signature: str | None
     moved: dict[str, Any]
+    scaler: ScalerSummary | None = None  # what the tuner.LossScalers it made did
 
 
 def _describe(exc: Exception) -> str:
@@ -201,18 +203,20 @@ class Evaluator:
             return self._record(Trial(n, label, fp32, metric, passed, float(cached["seconds"]), shares,
                                       cached.get("error"), True, baseline, kept,
                                       fed if isinstance(fed, int) and fed > 0 else None,
-                                      signature if isinstance(signature, str) else None))
+                                      signature if isinstance(signature, str) else None,
+                                      ScalerSummary.from_dict(cached.get("scaler"))))
         if not baseline:
             self.ranks.decide(self._check_bounds)  # rank 0's clock and count stop every rank at once
         self._emit(TuneEvent(EventKind.EVALUATING, Evaluating(n, label)))
         run = self._call(plan)
         passed = baseline or (accept is not None and accept.confirms(run.metric))
         trial = Trial(n, label, fp32, run.metric, passed, run.seconds, shares, run.error, False, baseline, kept,
-                      run.fed or None, run.signature)
+                      run.fed or None, run.signature, run.scaler)
         if self.journal:
             self.journal.append(key, {"metric": run.metric, "passed": passed, "seconds": run.seconds,
                                       "error": run.error, "fp32": list(fp32), "fed": run.fed,
                                       "signature": run.signature, "generators": run.moved,
+                                      **({"scaler": run.scaler.to_dict()} if run.scaler else {}),
                                       **({"start": self._start} if self.training and baseline else {})})
         return self._record(trial)
 
@@ -265,8 +269,9 @@ class Evaluator:
                 signature.start()
             else:
                 draws.start()
+            scalers: list[LossScaler] = []  # the tuner.LossScalers evaluate makes (`ScalerSummary`)
             try:
-                with self._deployed(model, plan):
+                with self._deployed(model, plan), watching() as scalers:
                     metric = _to_float(self._evaluate(model))
             except Exception as exc:
                 if find_out_of_memory(exc) is not None:
@@ -290,7 +295,7 @@ class Evaluator:
         if metric is not None and count.calls == 0:
             raise UserCodeError(NO_FORWARD.format(which="the FP32 baseline" if baseline else "a trial"),
                                 where=user_site(self._evaluate))
-        return _Run(metric, error, secs, count.fed, digest, draws.moved())
+        return _Run(metric, error, secs, count.fed, digest, draws.moved(), ScalerSummary.of(scalers))
 
     @contextlib.contextmanager
     def _deployed(self, model: nn.Module, plan: Plan | None) -> Iterator[nn.Module]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from tuner.engine.scaler import ScalerSummary
 from tuner.measure.recorded import PlanRecord
 from tuner.measure.shares import Shares
 from tuner.options.tune import RankMethod, TuneOptions
@@ -62,7 +63,7 @@ class Trial:
     search's guide the same way in every run (tuner.search.guide.guide_limits). `signature` digests what
     evaluate fed the model and drew at random (tuner.search.repeatable; None: not read, or not recorded:
     only the evaluations until the baseline is settled record one): two runs with the same one give the same
-    metric.
+    metric. `scaler` sums what the `tuner.LossScaler`s its evaluate made did (None: it made none).
     """
 
     n: int
@@ -78,6 +79,7 @@ class Trial:
     kept: int | None = None
     fed: int | None = None
     signature: str | None = None
+    scaler: ScalerSummary | None = None
 
 
 @dataclass(frozen=True)

@@ -129,7 +129,10 @@ def test_the_trial_tuner_load_and_report_mds_loops_train_the_same_metric_bit_for
         assert "scaler.scale(loss).backward()" in loops["load"] and 'tuner.LossScaler("cpu")' in loops["autocast"]
         assert f'dtype="fp16", preset="torch-cpu")' in loops["convert"] and "hmp_ops_fp16.txt" in loops["convert"]
         assert (tmp_path / "hmp_ops_fp16.txt").is_file() and not (tmp_path / "hmp_ops_bf16.txt").exists()
-        assert re.search(r"\| loss scaler \| trial \d+: 0 of 8 optimizer steps skipped, final scale 65536 ", md)
+        chosen = next(t for t in result.trials if t.n == result.chosen)
+        assert chosen.scaler is not None and chosen.scaler.steps == 8 and chosen.scaler.device == "cpu"
+        assert f"| loss scaler | trial {chosen.n}: {chosen.scaler.skipped} of 8 optimizer steps skipped, final " \
+               f"scale {chosen.scaler.scale:g} (tuner.LossScaler, cpu) |" in md
 
 
 def section(dtype: str, device: str = "cpu", scaler: str | None = None, for_training: bool = True) -> str:
@@ -182,3 +185,24 @@ def test_a_training_plans_model_returns_fp32_outputs_under_tuner_load(tmp_path: 
     assert model(X[:2]).dtype == torch.float32
     inference = tuner.attach(build(), Plan(dtype="bf16", preset="torch-cpu"))
     assert inference(X[:2]).dtype == torch.bfloat16  # inference plans return what the last op computed, as before
+
+
+def test_the_scalers_an_evaluate_makes_are_summed_and_journaled():
+    from tuner.engine.scaler import watching
+
+    weight = nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    with watching() as outer:
+        with watching() as inner:
+            scaler = tuner.LossScaler("cpu", init_scale=2.0 ** 20)
+            for value in (1.0, float("inf"), 1.0):  # the inf step is skipped and halves the scale
+                scaler.scale((weight * value).sum()).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad()
+        tuner.LossScaler("cpu", enabled=False)  # made, but off: no steps of its own to count
+    assert inner == [scaler] and outer[0] is scaler and len(outer) == 2
+    summary = ScalerSummary.of(outer)
+    assert summary == ScalerSummary(3, 1, 2.0 ** 19, "cpu")
+    assert summary.text() == "1 of 3 optimizer steps skipped, final scale 524288"
+    assert ScalerSummary.from_dict(summary.to_dict()) == summary and ScalerSummary.from_dict(None) is None

@@ -250,7 +250,8 @@ def convert(opt_level: str | None = None, lower_list_path: str | Path | None = "
     `hmp-o1`/`hmp-o2`; `preset` picks any other. `lower_list_path` and
     `fp32_list_path` replace the lists; `bf16_file_path`/`fp32_file_path` are the same under HMP's own
     names, so `hmp.convert(bf16_file_path=..., fp32_file_path=...)` runs here with `hmp` replaced by `tuner`
-    (the files `mpt tune` writes as hmp_ops_bf16.txt/hmp_ops_fp32.txt, or any in that format).
+    (the files `mpt tune` writes as hmp_ops_bf16.txt/hmp_ops_fp32.txt, or any in that format; an fp16 plan's
+    hmp_ops_fp16.txt goes with `dtype="fp16"`).
     Wrap optimizer steps in `tuner.disable_casts()`. Undo with `tuner.revert()`.
     A second `convert()` replaces the first. Returns the autocast context that is on.
     Raises ConfigError for an unknown opt_level, preset, dtype or op-list file, or a list given twice.
@@ -292,7 +293,10 @@ def attach(model: nn.Module, policy: PolicyLike, dtype: str | torch.dtype | None
     """Make `model(...)` run under the policy with no `with` block (what `tuner.load` returns).
 
     Ops inside the model's forward follow the plan; code around the call
-    (the user's metric, the loss) runs as usual. `tuner.detach(model)` undoes it
+    (the user's metric, the loss) runs as usual. A plan tuned for training
+    (`for_training`) hands the forward's bf16/fp16 float outputs back in FP32, so
+    the loss computed on them runs FP32, as every trial ran it (`_training_outputs`).
+    `tuner.detach(model)` undoes it
     and `tuner.attached(model)` says how the plan runs (`native.Execution`).
 
     With a torch-* preset and engine="auto" the plan runs natively: under

@@ -4,6 +4,7 @@ weights and give the same metric, bit for bit; an fp16 plan's report tells it as
 scaler; the loops name the device the tune ran on."""
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -183,6 +184,8 @@ def test_a_training_plans_model_returns_fp32_outputs_under_tuner_load(tmp_path: 
     plan = Plan(dtype="bf16", preset="torch-cpu", for_training=True)
     model = tuner.attach(build(), plan)
     assert model(X[:2]).dtype == torch.float32
+    assert copy.deepcopy(model)(X[:2]).dtype == torch.float32  # a restored copy attaches inside its first call
+    assert tuner.detach(model)(X[:2]).dtype == torch.float32 and "forward" not in vars(model)
     inference = tuner.attach(build(), Plan(dtype="bf16", preset="torch-cpu"))
     assert inference(X[:2]).dtype == torch.bfloat16  # inference plans return what the last op computed, as before
 

@@ -319,8 +319,8 @@ def attach(model: nn.Module, policy: PolicyLike, dtype: str | torch.dtype | None
     if device is not None and not reason:
         realized = native.realize(model, device.value, lower, mods, instances)
         if isinstance(realized, native.Execution):
-            setattr(model, _ATTACHED, _Attachment(realized, native.install(model, realized),
-                                                  _training_outputs(model, policy)))
+            setattr(model, _ATTACHED, _Attachment(realized, native.install(model, realized)))
+            _training_outputs(model, policy)
             return _portable(model, policy, dtype, kind)
         reason = realized
         if kind is EngineKind.TORCH:
@@ -334,22 +334,23 @@ def attach(model: nn.Module, policy: PolicyLike, dtype: str | torch.dtype | None
         execution = native.Execution(native.ExecutionPath.PYTHON, reason=reason)
     before = model.__dict__.get("forward")
     model.forward = torch.compiler.disable(forward)  # mpt's engine is Python per op: never traced  # type: ignore[method-assign]
-    setattr(model, _ATTACHED, _Attachment(execution, [(model, before, None)],
-                                          [*getattr(forward, "_mpt_handles", []), *_training_outputs(model, policy)]))
+    setattr(model, _ATTACHED, _Attachment(execution, [(model, before, None)], getattr(forward, "_mpt_handles", [])))
+    _training_outputs(model, policy)
     return _portable(model, policy, dtype, kind)
 
 
-def _training_outputs(model: nn.Module, policy: PolicyLike) -> list[Any]:
-    """A training plan's model returns its float outputs in FP32 (the hook's handle; none for other plans).
+def _training_outputs(model: nn.Module, policy: PolicyLike) -> None:
+    """A training plan's attached forward returns its float outputs in FP32 (`native.fp32_outputs`).
 
     What one training step under a plan runs, on every path: the model's forward under the plan, then the loss
     and everything else outside it in FP32. torch.autocast around forward and loss gets that from its FP32 list
     (the losses are in every preset's); outside any block nothing would: a lowered last layer's bf16 logits
     gave a bf16 loss, so the trials (which attach as `tuner.load` does) trained another model than a loop with
-    the plan around forward and loss, or the op-type lists (issue 45)."""
+    the plan around forward and loss, or the op-type lists (issue 45). The root's forward is wrapped, not
+    hooked: `detach` puts back the forward attach found, and a model restored by pickle, which attaches its plan
+    inside its first call, returns that call's outputs in FP32 too."""
     if isinstance(policy, Plan) and policy.for_training:
-        return [model.register_forward_hook(native.fp32_outputs)]
-    return []
+        model.forward = native.fp32_outputs(model.forward)
 
 
 def _reattach(policy: PolicyLike, dtype: str | torch.dtype | None, engine: EngineKind, model: nn.Module) -> None:

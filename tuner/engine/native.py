@@ -317,11 +317,15 @@ def low_autocast(device: str, dtype: torch.dtype) -> torch.autocast:
 _LOW = (torch.bfloat16, torch.float16)
 
 
-def fp32_outputs(module: nn.Module, args: Any, output: Any) -> Any:
-    """A forward hook that hands the module's lower-precision float outputs back in FP32 (`_to_fp32`): what a
-    training plan's attached root returns (`tuner.engine.attach`), so the loss and the metric computed on them
-    outside the forward run in FP32, as torch.autocast's FP32 list runs a loss on its low outputs."""
-    return _to_fp32(output)
+def fp32_outputs(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """`forward` handing its lower-precision float outputs back in FP32 (`_to_fp32`): what a training plan's
+    attached root returns (`tuner.engine.attach`), so the loss and the metric computed on them outside the
+    forward run in FP32, as torch.autocast's FP32 list runs a loss on its low outputs."""
+    @functools.wraps(forward)
+    def fp32_forward(*args: Any, **kwargs: Any) -> Any:
+        return _to_fp32(forward(*args, **kwargs))
+
+    return fp32_forward
 
 
 def _to_fp32(x: Any) -> Any:

@@ -31,6 +31,11 @@ class Loop:
     device: str = "cpu"
     scaler: str | None = None
 
+    def __post_init__(self) -> None:
+        if not self.device or self.scaler == "":
+            raise ValueError(f"a training loop needs a device (and a scaler's device, or None), found "
+                             f"{self.device!r}, {self.scaler!r}")
+
     def setup(self) -> list[str]:
         """The lines before the loop: the model onto the device, the scaler."""
         lines = [] if self.device == "cpu" else [f'model.to("{self.device}")   # where the trials trained it']

@@ -1,6 +1,6 @@
 """Training with op lists: FP32, torch.autocast, HMP's and Gaudi's default lists, and mpt's tuned plan.
 
-    .venv/bin/python benchmarks/training_lists.py [--steps 300] [--only NAME] [--no-mpt]
+    .venv/bin/python benchmarks/training_lists.py [--steps 300] [--only NAME] [--no-mpt] [--reproduce] [--seeds 3]
 
 Three small models, each trained from scratch for a few hundred steps on data a package ships, each
 with a known bf16 training hazard:
@@ -34,6 +34,21 @@ The metric is held-out accuracy (digits) or next-character accuracy (char-lm); "
 matmul/conv FLOPs of one training forward (loss included) that runs in bf16 under that context
 (tuner.inspect_model). Target per model: mpt's plan meets the tolerance (1% relative to FP32) at a share
 at least the best share among the lists (autocast, HMP, Gaudi) that also meet it.
+
+Then the every-way table (issue 45; alone: --reproduce), two models trained with a plain loop
+(`loss_fn(model(x), y)`, AdamW, the loader's batches drawn once):
+
+  cnn-bn     the digits as 8x8 images, two conv + BatchNorm blocks and an MLP head; bf16 from HMP's lists at
+             op-type granularity, and from torch-cpu per instance
+  lm-fp16    a character transformer (two nn.TransformerEncoderLayers) over embeddings scaled by 4096; fp16
+             with tuner.LossScaler("cpu"), per type and per instance (5%: its metric moves ~2% between seeds)
+
+Each is tuned for_training into a folder; the plan's metric is then trained again each way report.md prints
+it, the loop exec'd as printed: tuner.load's model, tuner.autocast around each forward of the FP32 model, and
+the list files through tuner.convert (the loss and the step under tuner.disable_casts()). Target: every way
+gives the tuned metric exactly (the list files only where report.md says they express the plan as it is).
+Also the plan's seed spread (max - min over --seeds training seeds under tuner.load) and the chosen trial's
+loss scaler.
 """
 from __future__ import annotations
 
@@ -124,7 +139,7 @@ class SensorNorm(nn.Module):
 
 
 class CharLM(nn.Module):
-    SCALE = 64.0
+    SCALE = 4096.0
     OFFSET = 65536.0
 
     def __init__(self, vocab: int, context: int = 8, dim: int = 32) -> None:
@@ -286,11 +301,11 @@ class ConvBN(nn.Module):
 
 class TinyLM(nn.Module):
     """A character transformer: embeddings with positions, two nn.TransformerEncoderLayers, the next character
-    read from the last position. The embeddings carry an offset (`OFFSET`, an uncentred input as raw features
-    have): fp16 attention scores over it overflow (the loss scaler then skips every step), so a plan keeps some
-    of the first layer FP32."""
+    read from the last position. The embeddings are scaled up (`SCALE`, as an unnormalised input is): the
+    first layer's fp16 attention scores overflow (the loss scaler then skips every step), so a plan keeps some
+    of it FP32; its LayerNorm hands the second layer normal values."""
 
-    OFFSET = 256.0
+    SCALE = 4096.0
 
     def __init__(self, vocab: int, context: int = 8, dim: int = 64) -> None:
         super().__init__()
@@ -301,7 +316,7 @@ class TinyLM(nn.Module):
         self.out = nn.Linear(dim, vocab)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.blocks(self.embed(x) + self.pos + self.OFFSET)[:, -1])
+        return self.out(self.blocks((self.embed(x) + self.pos) * self.SCALE)[:, -1])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,6 +333,7 @@ class Repro:
     lr: float
     batch: int = 64
     scaled: bool = False
+    tolerance: float = TOLERANCE
 
 
 def repro_cases() -> list[Repro]:
@@ -325,8 +341,10 @@ def repro_cases() -> list[Repro]:
     vocab = int(lm[4])
     return [Repro("cnn-bn", ConvBN, digits(), "bf16", "hmp", "type", 3e-3),
             Repro("cnn-bn", ConvBN, digits(), "bf16", "torch-cpu", "instance", 3e-3),
-            Repro("lm-fp16", lambda: TinyLM(vocab), lm[:4], "fp16", "torch-cpu", "type", 3e-3, 128, True),
-            Repro("lm-fp16", lambda: TinyLM(vocab), lm[:4], "fp16", "torch-cpu", "instance", 3e-3, 128, True)]
+            # its metric moves by about 2% between training seeds: a 1% tolerance would fail every plan that is
+            # not FP32 (a plan decided by one training run), so 5%
+            Repro("lm-fp16", lambda: TinyLM(vocab), lm[:4], "fp16", "torch-cpu", "type", 3e-3, 128, True, 0.05),
+            Repro("lm-fp16", lambda: TinyLM(vocab), lm[:4], "fp16", "torch-cpu", "instance", 3e-3, 128, True, 0.05)]
 
 
 def batches(case: Repro, steps: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -376,7 +394,7 @@ def report_loops(md: str) -> dict[str, str]:
 def run_loop(case: Repro, code: str, model: nn.Module, loader: list[Any]) -> nn.Module:
     """One of report.md's loops as printed, with the names it assumes: the user's loader, loss and optimizer."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=case.lr, weight_decay=0.0)
-    exec(code, {"torch": torch, "model": model, "loader": loader, "loss_fn": F.cross_entropy,  # noqa: S102
+    exec(code, {"torch": torch, "model": model, "loader": loader, "loss_fn": F.cross_entropy,
                 "optimizer": optimizer})
     return model
 
@@ -389,8 +407,9 @@ def reproduce(case: Repro, steps: int, seeds: int) -> tuple[list[object], bool]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         result = tuner.tune(lambda: seeded(case.build), lambda m: user_train(case, m, loader), dtype=case.dtype,
-                            preset=case.preset, granularity=case.granularity, for_training=True, tolerance=TOLERANCE,
-                            out=out, overwrite=True, progress=False, example_inputs=(case.data[0][:case.batch],))
+                            preset=case.preset, granularity=case.granularity, for_training=True,
+                            tolerance=case.tolerance, out=out, overwrite=True, progress=False,
+                            example_inputs=(case.data[0][:case.batch],))
         md = (out / "report.md").read_text()
         loops = report_loops(md)
         exact = "The lists express this plan as it is" in md
@@ -410,8 +429,9 @@ def reproduce(case: Repro, steps: int, seeds: int) -> tuple[list[object], bool]:
     fp32 = user_train(case, seeded(case.build), loader)
     same = loaded == autocast == result.metric and (listed == result.metric or not exact)
     scaler = next((t.scaler for t in result.trials if t.n == result.chosen and t.scaler), None)
-    row = [case.name, f"{case.dtype} {case.preset} {case.granularity}", f"{fp32:.4f}",
-           f"{result.metric:.4f}" if result.metric is not None else "not met",
+    row = [case.name, f"{case.dtype} {case.preset} {case.granularity}, {case.tolerance:.0%}", f"{fp32:.4f}",
+           f"{result.metric:.4f}" + ("" if result.status.value == "ok" else " (not met)")
+           if result.metric is not None else "not met",
            f"{len(result.plan.fp32_instances)}/{len(result.candidates)}", f"{loaded:.4f}", f"{autocast:.4f}",
            f"{listed:.4f}" + ("" if exact else " (lists ≠ plan)"), spread,
            scaler.text() if scaler else "-", "yes" if same else "NO", f"{time.monotonic() - t0:.0f}"]

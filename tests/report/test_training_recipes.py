@@ -85,7 +85,7 @@ def blocks(md: str) -> dict[str, str]:
 def run_block(code: str, model: nn.Module) -> nn.Module:
     """One of report.md's loops, run as printed on `model`, with the user's names it assumes."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    exec(code, {"torch": torch, "model": model, "loader": BATCHES, "loss_fn": F.cross_entropy,  # noqa: S102
+    exec(code, {"torch": torch, "model": model, "loader": BATCHES, "loss_fn": F.cross_entropy,
                 "optimizer": optimizer})
     return model
 
@@ -128,7 +128,7 @@ def test_the_trial_tuner_load_and_report_mds_loops_train_the_same_metric_bit_for
     assert held_out(run_block(loops["load"], build())) != result.metric  # FP32: the plan did lower something
     if scaled:
         assert "scaler.scale(loss).backward()" in loops["load"] and 'tuner.LossScaler("cpu")' in loops["autocast"]
-        assert f'dtype="fp16", preset="torch-cpu")' in loops["convert"] and "hmp_ops_fp16.txt" in loops["convert"]
+        assert 'dtype="fp16", preset="torch-cpu")' in loops["convert"] and "hmp_ops_fp16.txt" in loops["convert"]
         assert (tmp_path / "hmp_ops_fp16.txt").is_file() and not (tmp_path / "hmp_ops_bf16.txt").exists()
         chosen = next(t for t in result.trials if t.n == result.chosen)
         assert chosen.scaler is not None and chosen.scaler.steps == 8 and chosen.scaler.device == "cpu"

@@ -54,10 +54,11 @@ def tuned(out: Path, granularity: str) -> tuner.TuneResult:
     return tune_into_folder(user, options, out, latency=False).result
 
 
-def op_dtypes(context: object, model: nn.Module) -> list[tuple[str, str]]:
-    """(op, compute dtype) of every call of one forward under `context`, which gets the recorder."""
+def op_dtypes(context: object, model: nn.Module, x: torch.Tensor | None = None) -> list[tuple[str, str]]:
+    """(op, compute dtype) of every call of one forward (of `x`, else a batch) under `context`, which gets the
+    recorder."""
     seen: list = []
-    x = batches()[0]
+    x = batches()[0] if x is None else x
     with context(seen.append):  # type: ignore[operator]
         model(x)
     return [(d.op, d.compute_name) for d in seen]
@@ -65,8 +66,12 @@ def op_dtypes(context: object, model: nn.Module) -> list[tuple[str, str]]:
 
 def converted_dtypes(model: nn.Module, **lists: object) -> list[tuple[str, str]]:
     """(op, compute dtype) of every call of one forward with `tuner.convert(**lists)` on."""
+    return converted_dtypes_of(model, batches()[0], **lists)
+
+
+def converted_dtypes_of(model: nn.Module, x: torch.Tensor, **lists: object) -> list[tuple[str, str]]:
+    """(op, compute dtype) of every call of the forward of `x` with `tuner.convert(**lists)` on."""
     seen: list = []
-    x = batches()[0]
     tuner.convert(verbose=seen.append, **lists)  # type: ignore[arg-type]
     try:
         model(x)
@@ -163,7 +168,7 @@ def test_a_type_kept_fp32_in_one_place_costs_the_lists_its_share_everywhere():
     assert lists.names("gaudi")[1] == sorted(set(lists.names("gaudi")[1]))
     text = "\n".join(training_section(lists, Path("out")))
     assert "0.0% of matmul/conv FLOPs in bf16 against the plan's" in text and "measured, not evaluated" in text
-    assert text.startswith("Use it in the training loop")  # a plan tuned for training
+    assert text.startswith("Train with it as every trial trained")  # a plan tuned for training
 
 
 def test_a_list_plan_that_makes_the_models_own_code_raise_is_reported_not_an_internal_error():
@@ -178,3 +183,60 @@ def test_a_list_plan_that_makes_the_models_own_code_raise_is_reported_not_an_int
     assert "cannot be converted to type c10::BFloat16" in lists.raised
     text = "\n".join(training_section(lists, Path("out")))
     assert "makes the model's own code raise" in text and "measured, not evaluated" not in text
+
+
+class Encoder(nn.Module):
+    """An nn.TransformerEncoderLayer between an embedding and a head: its self-attention calls linear (in and out
+    projections) and scaled_dot_product_attention from one module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, 16)
+        self.block = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(16, 20)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.block(self.emb(x)))
+
+
+def build_encoder() -> nn.Module:
+    torch.manual_seed(0)
+    return Encoder()
+
+
+TOKENS = torch.randint(0, 20, (4, 6), generator=torch.Generator().manual_seed(2))
+
+
+def linears_fp32(model: nn.Module) -> float:
+    """1 when the model's linears ran FP32, else 0: a metric that fails every plan running `linear` low and no other
+    (every CPU alike), so a type search keeps `linear` FP32 and the attention's matmuls low."""
+    seen: list[torch.dtype] = []
+    handle = model.block.linear1.register_forward_hook(lambda m, a, out: seen.append(out.dtype))
+    try:
+        with torch.no_grad():
+            model(TOKENS)
+    finally:
+        handle.remove()
+    return float(seen == [torch.float32])
+
+
+@pytest.mark.parametrize("for_training", [False, True])
+def test_granularity_type_keeps_a_transformer_layers_linears_fp32_and_runs_its_attention_low_as_the_lists_do(
+        tmp_path, for_training):
+    """Before: the type plan (every `linear` FP32) ran nn.MultiheadAttention as an FP32 island, its attention in
+    FP32 too, and the tune ended in an internal NotAsClaimed error ("block.self_attn: matmuls/convs ran in
+    float32, the plan claims float16") with or without --for-training (issue 45)."""
+    options = tuner.TuneOptions(dtype="fp16", granularity="type", tolerance=0.0, absolute=True,
+                                for_training=for_training)
+    user = _user_model(build_encoder, linears_fp32, (TOKENS,), options)
+    result = tune_into_folder(user, options, tmp_path, latency=False).result
+    assert result.status.value == "ok" and {i.op for i in result.plan.fp32_instances} == {"linear"}
+    model = build_encoder()
+    planned = op_dtypes(lambda rec: tuner.autocast(tmp_path, model=model, verbose=rec), model, TOKENS)
+    assert ("scaled_dot_product_attention", "fp16") in planned and ("linear", "fp32") in planned
+    assert ("linear", "fp16") not in planned
+    listed = converted_dtypes_of(model, TOKENS, dtype="fp16", preset="torch-cpu",
+                                 lower_list_path=tmp_path / "lower_precision_ops.txt",
+                                 fp32_list_path=tmp_path / "fp32_ops.txt")
+    assert listed == planned  # the list files run what the trials ran, call for call
+    assert "The lists express this plan as it is" in (tmp_path / "report.md").read_text()

@@ -16,7 +16,8 @@ from tuner.core.output_files import (
 from tuner.workspace.folder import OutputFolder
 from tuner.workspace.manifest import Manifest
 
-FOR_GIT = {"plan.yaml", "lower_precision_ops.txt", "fp32_ops.txt", "hmp_ops_bf16.txt", "hmp_ops_fp32.txt", "report.json"}
+FOR_GIT = {"plan.yaml", "lower_precision_ops.txt", "fp32_ops.txt", "hmp_ops_bf16.txt", "hmp_ops_fp16.txt", "hmp_ops_fp32.txt",
+           "report.json"}
 
 
 def claim(path):

@@ -10,6 +10,7 @@ PLAN_NAME = "plan.yaml"
 LOWER_OPS_NAME = "lower_precision_ops.txt"  # Gaudi autocast's PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST file
 FP32_OPS_NAME = "fp32_ops.txt"  # Gaudi autocast's PT_HPU_AUTOCAST_FP32_OPS_LIST file
 HMP_BF16_NAME = "hmp_ops_bf16.txt"  # HMP's bf16_file_path file (hmp.convert, tuner.convert)
+HMP_FP16_NAME = "hmp_ops_fp16.txt"  # an fp16 plan's lower list in HMP's format (tuner.convert: HMP runs bf16 only)
 HMP_FP32_NAME = "hmp_ops_fp32.txt"  # HMP's fp32_file_path file
 CHECKPOINT_NAME = "model.safetensors"
 SHARDED_CHECKPOINT_NAME = "model.dcp"  # a sharded model's checkpoint: a torch.distributed.checkpoint folder
@@ -25,8 +26,8 @@ MANIFEST_NAME = ".mpt-manifest.json"  # what mpt wrote into the folder, with dig
 GITIGNORE_NAME = ".gitignore"  # written when a run claims the folder, unless one mpt did not write is there
 
 # The outputs a tune writes as a set, in the order they are committed: plan.yaml, the file that claims success, last.
-COMMITTED = (LOWER_OPS_NAME, FP32_OPS_NAME, HMP_BF16_NAME, HMP_FP32_NAME, CHECKPOINT_NAME, SHARDED_CHECKPOINT_NAME,
-             REPORT_JSON_NAME, SEARCH_PAGE_NAME, REPORT_MD_NAME, PLAN_NAME)
+COMMITTED = (LOWER_OPS_NAME, FP32_OPS_NAME, HMP_BF16_NAME, HMP_FP16_NAME, HMP_FP32_NAME, CHECKPOINT_NAME,
+             SHARDED_CHECKPOINT_NAME, REPORT_JSON_NAME, SEARCH_PAGE_NAME, REPORT_MD_NAME, PLAN_NAME)
 # Everything a run leaves that makes the folder "hold a run" (refused without resume/overwrite; overwrite removes it).
 OUTPUT_FILES = COMMITTED + (JOURNAL_NAME, INPUTS_NAME, REFERENCE_NAME)
 
@@ -39,3 +40,8 @@ NOT_FOR_GIT = (GITIGNORE_NAME, LOCK_NAME, MANIFEST_NAME, STAGING_NAME + "-*", JO
 GITIGNORE_TEXT = ("# written by mpt tune: the files of this folder not meant for git; commit plan.yaml, the op lists\n"
                   "# and report.json (mpt never replaces a .gitignore it did not write)\n" +
                   "".join(f"{name}\n" for name in NOT_FOR_GIT))
+
+
+def hmp_lower_name(dtype: str) -> str:
+    """The HMP-format lower list's file name for a plan in `dtype` ("bf16", "fp16"): named for what it lowers to."""
+    return HMP_FP16_NAME if dtype == "fp16" else HMP_BF16_NAME

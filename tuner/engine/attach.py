@@ -244,7 +244,8 @@ def convert(opt_level: str | None = None, lower_list_path: str | Path | None = "
     `hmp-o1`/`hmp-o2`; `preset` picks any other. `lower_list_path` and
     `fp32_list_path` replace the lists; `bf16_file_path`/`fp32_file_path` are the same under HMP's own
     names, so `hmp.convert(bf16_file_path=..., fp32_file_path=...)` runs here with `hmp` replaced by `tuner`
-    (the files `mpt tune` writes as hmp_ops_bf16.txt/hmp_ops_fp32.txt, or any in that format).
+    (the files `mpt tune` writes as hmp_ops_bf16.txt/hmp_ops_fp32.txt, or any in that format; an fp16 plan's
+    hmp_ops_fp16.txt goes with `dtype="fp16"`).
     Wrap optimizer steps in `tuner.disable_casts()`. Undo with `tuner.revert()`.
     A second `convert()` replaces the first. Returns the autocast context that is on.
     Raises ConfigError for an unknown opt_level, preset, dtype or op-list file, or a list given twice.
@@ -286,7 +287,10 @@ def attach(model: nn.Module, policy: PolicyLike, dtype: str | torch.dtype | None
     """Make `model(...)` run under the policy with no `with` block (what `tuner.load` returns).
 
     Ops inside the model's forward follow the plan; code around the call
-    (the user's metric, the loss) runs as usual. `tuner.detach(model)` undoes it
+    (the user's metric, the loss) runs as usual. A plan tuned for training
+    (`for_training`) hands the forward's bf16/fp16 float outputs back in FP32, so
+    the loss computed on them runs FP32, as every trial ran it (`_training_outputs`).
+    `tuner.detach(model)` undoes it
     and `tuner.attached(model)` says how the plan runs (`native.Execution`).
 
     With a torch-* preset and engine="auto" the plan runs natively: under
@@ -310,6 +314,7 @@ def attach(model: nn.Module, policy: PolicyLike, dtype: str | torch.dtype | None
         realized = native.realize(model, device.value, lower, mods, instances)
         if isinstance(realized, native.Execution):
             setattr(model, _ATTACHED, _Attachment(realized, native.install(model, realized)))
+            _training_outputs(model, policy)
             return _portable(model, policy, dtype, kind)
         reason = realized
         if kind is EngineKind.TORCH:
@@ -327,7 +332,22 @@ def attach(model: nn.Module, policy: PolicyLike, dtype: str | torch.dtype | None
     if execution.path is native.ExecutionPath.SCOPED and execution.device is not None:  # torch.autocast outside
         grouped.wrap_owners(model, execution.device, wrapped)  # the engine's modules
     setattr(model, _ATTACHED, _Attachment(execution, wrapped, getattr(forward, "_mpt_handles", [])))
+    _training_outputs(model, policy)
     return _portable(model, policy, dtype, kind)
+
+
+def _training_outputs(model: nn.Module, policy: PolicyLike) -> None:
+    """A training plan's attached forward returns its float outputs in FP32 (`native.fp32_outputs`).
+
+    What one training step under a plan runs, on every path: the model's forward under the plan, then the loss
+    and everything else outside it in FP32. torch.autocast around forward and loss gets that from its FP32 list
+    (the losses are in every preset's); outside any block nothing would: a lowered last layer's bf16 logits
+    gave a bf16 loss, so the trials (which attach as `tuner.load` does) trained another model than a loop with
+    the plan around forward and loss, or the op-type lists (issue 45). The root's forward is wrapped, not
+    hooked: `detach` puts back the forward attach found, and a model restored by pickle, which attaches its plan
+    inside its first call, returns that call's outputs in FP32 too."""
+    if isinstance(policy, Plan) and policy.for_training:
+        model.forward = native.fp32_outputs(model.forward)
 
 
 def _reattach(policy: PolicyLike, dtype: str | torch.dtype | None, engine: EngineKind, model: nn.Module) -> None:

@@ -319,6 +319,17 @@ def low_autocast(device: str, dtype: torch.dtype) -> torch.autocast:
 _LOW = (torch.bfloat16, torch.float16)
 
 
+def fp32_outputs(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """`forward` handing its lower-precision float outputs back in FP32 (`_to_fp32`): what a training plan's
+    attached root returns (`tuner.engine.attach`), so the loss and the metric computed on them outside the
+    forward run in FP32, as torch.autocast's FP32 list runs a loss on its low outputs."""
+    @functools.wraps(forward)
+    def fp32_forward(*args: Any, **kwargs: Any) -> Any:
+        return _to_fp32(forward(*args, **kwargs))
+
+    return fp32_forward
+
+
 def _to_fp32(x: Any) -> Any:
     """Lower-precision float tensors in `x` as FP32, found by structure: any container torch's pytree knows
     (tuples, NamedTuples, lists, dicts, Hugging Face `ModelOutput`s) and dataclasses; anything else as is. What

@@ -10,13 +10,17 @@ trial fails with that reason in the report instead of passing or failing for an 
 """
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from tuner.core.errors import DeviceError
 
-__all__ = ["LossScaler", "StepsSkipped"]
+__all__ = ["LossScaler", "StepsSkipped", "ScalerSummary", "watching"]
 
 
 class StepsSkipped(RuntimeError):
@@ -34,14 +38,20 @@ class LossScaler(torch.amp.GradScaler):
         super().__init__(device, *args, **kwargs)
         if max_skipped < 1:
             raise ValueError(f"max_skipped: expected an integer >= 1, found {max_skipped!r}")
+        self.device_type = device if isinstance(device, str) else torch.device(device).type
         self.max_skipped = max_skipped
         self.skipped_in_a_row = 0
         self.skipped = 0
+        self.steps = 0
+        with _LOCK:
+            for seen in _WATCHING:
+                seen.append(self)
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
         out = super().step(optimizer, *args, **kwargs)
         if not self.is_enabled():
             return out
+        self.steps += 1
         found = self._per_optimizer_states[id(optimizer)].get("found_inf_per_device", {})
         if any(bool(v.item()) for v in found.values()):
             self.skipped += 1
@@ -68,3 +78,69 @@ def _check_device(device: str, enabled: Any) -> None:
         raise DeviceError(f"tuner.LossScaler({device!r}): this machine has no {kind.upper()} device, so the "
                           "scaler would be off (no loss scaling, no skipped-steps guard); give the device the "
                           "model trains on (LossScaler(\"cpu\") here), or enabled=False")
+
+
+@dataclass(frozen=True)
+class ScalerSummary:
+    """What the enabled `LossScaler`s one evaluate made did, together: `steps` optimizer steps, `skipped` of them
+    skipped (inf/NaN gradients), the `scale` the last one ended at, on `device` ("cpu", "cuda"). The report shows
+    the chosen trial's (a plan whose scale collapsed, or that skips many steps, trains less than its metric says),
+    and report.md's training loop scales the loss as the trials did."""
+
+    steps: int
+    skipped: int
+    scale: float
+    device: str
+
+    def text(self) -> str:
+        """`2 of 40 optimizer steps skipped, final scale 32768`."""
+        return f"{self.skipped} of {self.steps} optimizer steps skipped, final scale {self.scale:g}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "skipped": self.skipped, "scale": self.scale, "device": self.device}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ScalerSummary | None:
+        """The summary a journal line holds; None for anything else (a line from before it, or none)."""
+        if not isinstance(data, Mapping):
+            return None
+        try:
+            return cls(int(data["steps"]), int(data["skipped"]), float(data["scale"]), str(data["device"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    @classmethod
+    def joined(cls, summaries: list[ScalerSummary | None]) -> ScalerSummary | None:
+        """One trial's training runs together (`--seeds`): their steps and skipped steps summed, the last run's
+        scale and device; None when no run made a scaler."""
+        found = [s for s in summaries if s is not None]
+        if not found:
+            return None
+        return cls(sum(s.steps for s in found), sum(s.skipped for s in found), found[-1].scale, found[-1].device)
+
+    @classmethod
+    def of(cls, scalers: list[LossScaler]) -> ScalerSummary | None:
+        """The enabled `scalers` (in the order made) summed; None when there is none."""
+        on = [s for s in scalers if s.is_enabled()]
+        if not on:
+            return None
+        return cls(sum(s.steps for s in on), sum(s.skipped for s in on), float(on[-1].get_scale()),
+                   on[-1].device_type)
+
+
+_LOCK = threading.Lock()
+_WATCHING: list[list[LossScaler]] = []  # one list per `watching` block open: the scalers made meanwhile
+
+
+@contextlib.contextmanager
+def watching() -> Iterator[list[LossScaler]]:
+    """The LossScalers made while the block runs (any thread: a training loop may run in one of its own), in
+    the order made: what the evaluator summarises for each evaluate (`ScalerSummary.of`)."""
+    seen: list[LossScaler] = []
+    with _LOCK:
+        _WATCHING.append(seen)
+    try:
+        yield seen
+    finally:
+        with _LOCK:
+            del _WATCHING[next(i for i, s in enumerate(_WATCHING) if s is seen)]

@@ -8,6 +8,7 @@ overrides (module path + op name + call index -> dtype): FP32, or the first fall
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from tuner.core.fileio import atomic_write_text
 from tuner.core.fingerprint import structure_digest
 from tuner.core.output_files import PLAN_NAME
 from tuner.core.yamlio import check_keys, load_yaml_file
+from tuner.policy.opnames import lookup_names
 from tuner.policy.presets import Policy, check_op_names, load_preset
 
 PLAN_VERSION = 1
@@ -294,6 +296,18 @@ class Plan:
         promote = set(self.promote) if self.promote is not None else set(base.promote)
         return base.replace(name=f"{base.name}+plan", lower=frozenset(lower), fp32=frozenset(fp32),
                             promote=frozenset(promote))
+
+    def with_types_fp32(self, types: frozenset[str]) -> Plan:
+        """This plan with each op type in `types` moved to its FP32 list (and the lower-list name it matched,
+        through an alias or itself, out of the lower list): how op-type lists keep a type FP32 everywhere.
+
+        A plan with its own lists runs per op call wherever it is attached (`tuner.engine.attach`: no longer
+        torch.autocast's own lists), as `tuner.convert` runs the list files, never as module regions, which
+        would run the other ops of a module that calls one of `types` in FP32 too."""
+        policy = self.policy()
+        matched = {name for t in types for name in lookup_names(t) if name in policy.lower}
+        return dataclasses.replace(self, lower=tuple(sorted(policy.lower - matched - types)),
+                                   fp32=tuple(sorted(policy.fp32 | types)))
 
     def module_overrides(self) -> dict[str, torch.dtype]:
         """Module path or glob -> dtype, as the engine takes them."""

@@ -69,6 +69,7 @@ def _trial(t: Trial) -> dict[str, Any]:
     return {"n": t.n, "label": t.label, "fp32": list(t.fp32), "metric": t.metric, "passed": t.passed,
             "baseline": t.baseline, "seconds": t.seconds, "low_precision_flop_share": t.shares.flop_share,
             "error": t.error, "from_journal": t.from_journal, "fp32_recorded": t.kept, "fallback": list(t.fallback),
+            "loss_scaler": t.scaler.to_dict() if t.scaler is not None else None,
             **({"seeds": list(t.seeds)} if t.seeds else {})}  # --seeds: each training run's metric
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tuner.core.hf_config import HF_PREFIX, architecture, is_hf_spec
 from tuner.core.loader import DEFAULT_BUILD
+from tuner.engine.scaler import ScalerSummary
 from tuner.policy.plan import ModelRef
 from tuner.report.metric_text import fmt_metric
 from tuner.report.outcome import TuneReport
@@ -54,12 +55,22 @@ def report_markdown(result: TuneResult, report: TuneReport, out: Path) -> str:
     if report.plan.for_training:
         lines.append(f"| training | every trial trained FP32 parameters and buffers with {dtype} compute (as "
                      "torch.autocast does); no lowered checkpoint is written: the FP32 weights are yours |")
+    chosen = next((t for t in report.trials if t.n == result.chosen and t.scaler is not None), None)
+    if chosen is not None and chosen.scaler is not None:
+        lines.append(f"| loss scaler | trial {chosen.n}: {chosen.scaler.text()} (tuner.LossScaler, "
+                     f"{chosen.scaler.device}) |")
     lines.append(f"| run | {facts.created}, {facts.time_text()} |")
     lines += ["", *[f"> warning: {w}" for w in report.warnings], *([""] if report.warnings else []),
               *_details(result, report),
               "Load the tuned model:", "", "```python", *_load_snippet(report, out), "```", "",
-              *training_section(report.lists, out)]
+              *training_section(report.lists, out, device=report.device,
+                                scaler=chosen.scaler if chosen is not None else _any_scaler(report))]
     return "\n".join(lines)
+
+
+def _any_scaler(report: TuneReport) -> ScalerSummary | None:
+    """What the first trial that made a tuner.LossScaler did (None: none made one): the plan trains with one."""
+    return next((t.scaler for t in report.trials if t.scaler is not None), None)
 
 
 def _load_snippet(report: TuneReport, out: Path) -> list[str]:

@@ -55,7 +55,7 @@ def measure_report(result: TuneResult, model: nn.Module, *, model_ref: ModelRef 
     execution = _execution(model, plan)
     return TuneReport(plan=plan, shares=planned.shares, trials=trials, latency=timing, execution=execution,
                       warnings=tuple(warnings), lowered=planned.lowered, seconds=time.monotonic() - t0, lists=lists,
-                      created=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+                      device=device, created=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
 
 
 def _execution(model: nn.Module, plan: Plan) -> Execution:

@@ -22,7 +22,7 @@ from tuner.core.errors import exc_line
 from tuner.core.inputs import ModelInputs
 from tuner.measure.recorded import PlanRecord, record_plan
 from tuner.measure.shares import Shares
-from tuner.policy.opnames import lookup_names, tool_op_name
+from tuner.policy.opnames import tool_op_name
 from tuner.policy.plan import Plan
 
 
@@ -77,11 +77,8 @@ def list_text(names: list[str]) -> str:
 def lists_plan(plan: Plan, types: frozenset[str]) -> Plan:
     """`plan` with its instance overrides replaced by whole-list changes: each op type in `types` moved to the
     FP32 list (and the lower-list name it matched, through an alias or itself, out of the lower list)."""
-    policy = plan.policy()
-    matched = {name for t in types for name in lookup_names(t) if name in policy.lower}
-    lower = sorted(policy.lower - matched - types)
-    fp32 = sorted(policy.fp32 | types)
-    return Plan(dtype=plan.dtype, preset=plan.preset, lower=tuple(lower), fp32=tuple(fp32), modules=plan.modules,
+    listed = plan.with_types_fp32(types)
+    return Plan(dtype=plan.dtype, preset=plan.preset, lower=listed.lower, fp32=listed.fp32, modules=plan.modules,
                 model=plan.model, for_training=plan.for_training)  # no fallback: one lower dtype per run
 
 

@@ -36,7 +36,8 @@ class TuneReport:
     the measuring step's. `lowered` names the parameters the checkpoint stores
     in the lower dtype. `checkpoint` is None until the writer saved it.
     `lists` is the plan as op-type lists (the list files), with the types they cost where they cannot
-    express it. `seconds` is the time spent measuring and writing the outputs. `created` is when
+    express it. `device` is the device the tune ran on ("cpu", "cuda": report.md's training loop names it).
+    `seconds` is the time spent measuring and writing the outputs. `created` is when
     it was measured (UTC, ISO 8601): report.json states it; plan.yaml carries no time,
     so a re-tune with the same result rewrites it byte for byte.
     """
@@ -52,6 +53,7 @@ class TuneReport:
     checkpoint: CheckpointInfo | None = None
     created: str = ""
     lists: TypeLevel | None = None
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "trials", tuple(self.trials))

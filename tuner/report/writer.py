@@ -31,7 +31,6 @@ from tuner.core.output_files import (
     CHECKPOINT_NAME,
     COMMITTED,
     FP32_OPS_NAME,
-    HMP_BF16_NAME,
     HMP_FP32_NAME,
     LOWER_OPS_NAME,
     MANIFEST_NAME,
@@ -41,6 +40,7 @@ from tuner.core.output_files import (
     SEARCH_PAGE_NAME,
     SHARDED_CHECKPOINT_NAME,
     STAGING_NAME,
+    hmp_lower_name,
 )
 from tuner.measure.deployed import Holding, stored_as
 from tuner.report.checkpoint import CheckpointInfo, save_checkpoint
@@ -126,8 +126,8 @@ def _write_staged(result: TuneResult, report: TuneReport, stage: Path, out: Path
     t0 = time.monotonic()
     lists = report.lists or type_level(result.plan)
     (hmp_lower, hmp_fp32), (gaudi_lower, gaudi_fp32) = lists.names("hmp"), lists.names("gaudi")
-    for name, ops in ((LOWER_OPS_NAME, gaudi_lower), (FP32_OPS_NAME, gaudi_fp32), (HMP_BF16_NAME, hmp_lower),
-                      (HMP_FP32_NAME, hmp_fp32)):
+    for name, ops in ((LOWER_OPS_NAME, gaudi_lower), (FP32_OPS_NAME, gaudi_fp32),
+                      (hmp_lower_name(result.plan.dtype), hmp_lower), (HMP_FP32_NAME, hmp_fp32)):
         with _writing(out, name):
             atomic_write_text(stage / name, list_text(ops))
     if shards is not None:

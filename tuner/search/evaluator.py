@@ -29,6 +29,7 @@ from tuner.core.inputs import ModelInputs, detached_copy, element_count
 from tuner.core.loader import call_forward, raised_at, user_site
 from tuner.core.memory import find_out_of_memory, free_memory, out_of_memory
 from tuner.engine.attach import attach, detach
+from tuner.engine.scaler import LossScaler, ScalerSummary, watching
 from tuner.measure.deployed import NotAsClaimed, observe, weight_dtypes
 from tuner.measure.inspection import relative_error
 from tuner.measure.lowering import ParameterUses, parameter_uses, predictable, predicted_lowered, uses_of
@@ -100,6 +101,7 @@ class _Run(NamedTuple):
     fed: int
     signature: str | None
     moved: dict[str, Any]
+    scaler: ScalerSummary | None = None  # what the tuner.LossScalers it made did
 
 
 def _describe(exc: Exception) -> str:
@@ -229,7 +231,8 @@ class Evaluator:
         return self._record(Trial(n, label, fp32, metric, passed, sum(r.seconds for r, _ in runs), shares, error,
                                   all(journaled for _, journaled in runs), baseline, kept,
                                   sum(r.fed for r, _ in runs) or None, first.signature, fallback,
-                                  tuple(r.metric for r, _ in runs) if self.seeds > 1 else ()))
+                                  tuple(r.metric for r, _ in runs) if self.seeds > 1 else (),
+                                  ScalerSummary.joined([r.scaler for r, _ in runs])))
 
     def _cached(self, key: str) -> _Run | None:
         """The journaled run `key`, its draws replayed (`_replay_draws`); None when it is not in the journal."""
@@ -243,7 +246,8 @@ class Evaluator:
         fed, signature = cached.get("fed"), cached.get("signature")
         return _Run(None if cached.get("metric") is None else float(cached["metric"]), cached.get("error"),
                     float(cached["seconds"]), fed if isinstance(fed, int) and fed > 0 else 0,
-                    signature if isinstance(signature, str) else None, {})
+                    signature if isinstance(signature, str) else None, {},
+                    ScalerSummary.from_dict(cached.get("scaler")))
 
     def _journal(self, key: str, run: _Run, fp32: tuple[str, ...], accept: Acceptance | None,
                  baseline: bool, fallback: tuple[str, ...] = ()) -> None:
@@ -253,6 +257,7 @@ class Evaluator:
                                       "error": run.error, "fp32": list(fp32), "fed": run.fed,
                                       "signature": run.signature, "generators": run.moved,
                                       **({"fallback": list(fallback)} if fallback else {}),
+                                      **({"scaler": run.scaler.to_dict()} if run.scaler else {}),
                                       **({"start": self._start} if self.training and baseline else {})})
 
     def _same_draws(self, seed: int = 0) -> None:
@@ -308,8 +313,9 @@ class Evaluator:
                 signature.start()
             else:
                 draws.start()
+            scalers: list[LossScaler] = []  # the tuner.LossScalers evaluate makes (`ScalerSummary`)
             try:
-                with self._deployed(model, plan):
+                with self._deployed(model, plan), watching() as scalers:
                     metric = _to_float(self._evaluate(model))
             except Exception as exc:
                 if find_out_of_memory(exc) is not None:
@@ -340,7 +346,7 @@ class Evaluator:
         if watch is not None:
             found = trained_warnings(watch, bool(self.keeper.written), self.training, user_site(self._evaluate))
             self.warnings.extend(w for w in found if w not in self.warnings)
-        return _Run(metric, error, secs, count.fed, digest, draws.moved())
+        return _Run(metric, error, secs, count.fed, digest, draws.moved(), ScalerSummary.of(scalers))
 
     @contextlib.contextmanager
     def _borrowed(self, baseline: bool, lowered: dict[str, torch.dtype] | None) -> Iterator[nn.Module]:

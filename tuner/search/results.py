@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from tuner.engine.scaler import ScalerSummary
 from tuner.measure.recorded import PlanRecord
 from tuner.measure.shares import Shares
 from tuner.options.tune import RankMethod, TuneOptions
@@ -62,7 +63,7 @@ class Trial:
     search's guide the same way in every run (tuner.search.guide.guide_limits). `signature` digests what
     evaluate fed the model and drew at random (tuner.search.repeatable; None: not read, or not recorded:
     only the evaluations until the baseline is settled record one): two runs with the same one give the same
-    metric.
+    metric. `scaler` sums what the `tuner.LossScaler`s its evaluate made did (None: it made none).
     """
 
     n: int
@@ -80,6 +81,7 @@ class Trial:
     signature: str | None = None
     fallback: tuple[str, ...] = ()  # the instances it ran in the fallback dtype (a fallback chain), not in FP32
     seeds: tuple[float | None, ...] = ()  # under --seeds: each training run's metric (the metric is their mean)
+    scaler: ScalerSummary | None = None  # what the tuner.LossScalers its evaluate made did (None: none)
 
 
 @dataclass(frozen=True)

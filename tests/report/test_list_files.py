@@ -220,6 +220,15 @@ def linears_fp32(model: nn.Module) -> float:
     return float(seen == [torch.float32])
 
 
+def trained_linears_fp32(model: nn.Module) -> float:
+    """`linears_fp32` after one optimizer step: a --for-training evaluate must train the model it is given."""
+    model.train()
+    loss = model(TOKENS).float().square().mean()
+    loss.backward()
+    torch.optim.SGD(model.parameters(), lr=1e-3).step()
+    return linears_fp32(model)
+
+
 @pytest.mark.parametrize("for_training", [False, True])
 def test_granularity_type_keeps_a_transformer_layers_linears_fp32_and_runs_its_attention_low_as_the_lists_do(
         tmp_path, for_training):
@@ -228,7 +237,7 @@ def test_granularity_type_keeps_a_transformer_layers_linears_fp32_and_runs_its_a
     float32, the plan claims float16") with or without --for-training (issue 45)."""
     options = tuner.TuneOptions(dtype="fp16", granularity="type", tolerance=0.0, absolute=True,
                                 for_training=for_training)
-    user = _user_model(build_encoder, linears_fp32, (TOKENS,), options)
+    user = _user_model(build_encoder, trained_linears_fp32 if for_training else linears_fp32, (TOKENS,), options)
     result = tune_into_folder(user, options, tmp_path, latency=False).result
     assert result.status.value == "ok" and {i.op for i in result.plan.fp32_instances} == {"linear"}
     model = build_encoder()

@@ -35,10 +35,7 @@ def test_a_ranking_that_does_not_predict_is_replaced_by_observed_effects():
         return test(fp32)
 
     first = test(frozenset())
-    # a guide with a limit on its forwards (a large model's): no forward per unit up front, so the ranking's
-    # order is tried first and the prefixes show it does not predict
-    search = PrecisionSearch(scores, counted, all_low_failed=True, all_low_drop=first.drop,
-                             guide=Guide(error, max_forwards=10_000))
+    search = PrecisionSearch(scores, counted, all_low_failed=True, all_low_drop=first.drop, predict=error)
     out = search.run()
     assert any("did not predict" in note for note in out.notes)
     assert out.fp32 is not None and test(out.fp32).passed
@@ -49,10 +46,6 @@ def test_a_ranking_that_does_not_predict_is_replaced_by_observed_effects():
     # the same backwards ranking without the guide: more FP32 kept for the same target
     blind = PrecisionSearch(scores, test, all_low_failed=True, all_low_drop=first.drop).run()
     assert blind.fp32 is not None and len(blind.fp32) > len(out.fp32)
-    # with forwards unlimited (a small model's) each unit is measured alone first: as few units FP32
-    alone = PrecisionSearch(scores, test, all_low_failed=True, all_low_drop=first.drop, predict=error).run()
-    assert any("measured alone" in note for note in alone.notes)
-    assert alone.fp32 is not None and test(alone.fp32).passed and len(alone.fp32) <= len(out.fp32)
 
 
 def test_no_evaluation_is_spent_on_a_prefix_predicted_equal_to_the_failed_all_low_plan():
@@ -269,10 +262,11 @@ def _most_low(true, costs, allowed):
 
 
 def test_spread_loss_ranked_by_rough_estimates_reaches_the_best_plan_by_measuring_each_unit_alone():
-    """Issue 46: spread precision loss (no unit stands out) with a ranking whose first-order estimates are
-    off by up to 2x either way, units of three costs. Measuring each unit alone with the guide (one cheap
-    forward each) orders the cut by the real errors per unit of cost: every plan reaches >= 0.95x the most
-    that can run low, 0.98x on average; ordered by the estimates the worst was 0.91x and the mean 0.97x."""
+    """Issue 46: spread precision loss (no unit stands out, all-low misses the target by about 40% of the
+    allowed drop) with a ranking whose first-order estimates are off by up to 2x either way, units of three
+    costs. Measuring each unit alone with the guide (one cheap forward each) orders the cut by the real errors
+    per unit of cost: every plan reaches >= 0.95x the most that can run low, 0.99x on average; ordered by
+    the estimates the worst was 0.92x and the mean 0.98x. (No bf16 kernel runs: the same on every CPU.)"""
     ratios, notes = [], []
     for seed in range(20):
         rng = random.Random(seed)
@@ -280,7 +274,7 @@ def test_spread_loss_ranked_by_rough_estimates_reaches_the_best_plan_by_measurin
         true = [rng.lognormvariate(0, 0.5) for _ in range(n)]
         costs = [rng.choice([1.0, 4.0, 16.0]) for _ in range(n)]
         scores = [t * math.exp(rng.uniform(-math.log(2), math.log(2))) for t in true]
-        allowed = 0.75 * math.sqrt(sum(t * t for t in true))
+        allowed = 0.85 * math.sqrt(sum(t * t for t in true))  # all-low's drop: (1 / 0.85)^2 = 1.38 allowed
         error, test = quadrature(true, allowed)
         search = PrecisionSearch(scores, test, costs=costs, all_low_failed=True,
                                  all_low_drop=test(frozenset()).drop, predict=error, extra_probes=3)
@@ -289,5 +283,46 @@ def test_spread_loss_ranked_by_rough_estimates_reaches_the_best_plan_by_measurin
         assert out.evals + 1 <= math.ceil(math.log2(n)) + 4  # + the all-low trial
         ratios.append((1 - sum(costs[i] for i in out.fp32) / sum(costs)) / _most_low(true, costs, allowed))
         notes.extend(out.notes)
-    assert min(ratios) >= 0.95 and sum(ratios) / len(ratios) >= 0.98, ratios
+    assert min(ratios) >= 0.95 and sum(ratios) / len(ratios) >= 0.99, ratios
     assert sum("measured alone" in note for note in notes) == 20
+
+
+def test_a_real_tune_near_the_target_measures_each_unit_alone():
+    """The session's search, on a residual MLP whose bf16 error is spread over 8 linears, with a target the
+    all-low plan misses by a fifth of the allowed error (measured here, so any CPU's bf16 kernels): the guide
+    measures each unit alone before the cut, and the plan it reports passes within the bound."""
+    import torch
+    from torch import nn
+
+    import tuner
+    from tuner.policy.plan import Plan
+    from tuner.search.session import tune
+
+    class Residual(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(32, 32) for _ in range(8))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = x + torch.tanh(layer(x))
+            return x
+
+    def build():
+        torch.manual_seed(3)
+        return Residual().eval()
+
+    x = torch.randn(64, 32, generator=torch.Generator().manual_seed(4))
+    ref = build()(x).detach()
+
+    def evaluate(model):  # the output's relative error, lower is better
+        with torch.no_grad():
+            return float((model(x) - ref).norm() / ref.norm())
+
+    low = evaluate(tuner.attach(build(), Plan(dtype="bf16")))
+    result = tune(build, evaluate, (x[:16],), dtype="bf16", tolerance=low / 1.2, absolute=True,
+                  lower_is_better=True)
+    assert result.trials[1].metric > result.target  # all-low fails, by a little
+    assert any("measured alone" in note for note in result.notes)
+    assert result.metric is not None and result.metric <= result.target
+    assert result.evals <= math.ceil(math.log2(len(result.candidates))) + 4

@@ -104,9 +104,7 @@ def test_a_misranked_heavy_unit_does_not_end_all_fp32_with_probes_left():
     """A CNN-like fp16 chain: unit 5 holds most of the cost and must stay FP32 (every plan lowering it
     overflows), the ranking put it last, and each other unit holds under 1% of the cost. The cut lands on all
     FP32, lowering back weighs only unit 5 (the others are too light alone) and cannot lower it: the probes
-    left bisect over the units the ranking put last, first, and find the plan with only unit 5 FP32. (The
-    guide's forwards are limited, as on a large model: with them unlimited each unit is measured alone first,
-    unit 5 overflows alone and leads the order, and no rescue is needed.)"""
+    left bisect over the units the ranking put last, first, and find the plan with only unit 5 FP32."""
     from tuner.search.guide import Guide
 
     need = 5
@@ -117,7 +115,7 @@ def test_a_misranked_heavy_unit_does_not_end_all_fp32_with_probes_left():
         tested.append(fp32)
         return Probe(need in fp32, 0.5 if need in fp32 else math.inf)
 
-    guide = Guide(lambda fp32: 0.001 * (6 - len(fp32)) if need in fp32 else math.inf, max_forwards=1000)
+    guide = Guide(lambda fp32: 0.001 * (6 - len(fp32)) if need in fp32 else math.inf)
     search = PrecisionSearch(scores, test, costs=costs, all_low_failed=True, all_low_drop=math.inf, guide=guide)
     out = search.run()
     assert out.fp32 == frozenset({need})
@@ -140,7 +138,7 @@ def test_a_rescue_the_caller_stops_keeps_the_plan_it_confirmed():
         evals.append(fp32)
         return Probe(need in fp32)
 
-    guide = Guide(lambda fp32: 0.001 if need in fp32 else math.inf, max_forwards=1000)  # (the test above)
+    guide = Guide(lambda fp32: 0.001 if need in fp32 else math.inf)
     out = PrecisionSearch([1.8, 1.1, 0.51, 0.44, 0.36, 1e-9], test, costs=[1.0] * 5 + [100.0],
                           all_low_failed=True, all_low_drop=math.inf, guide=guide).run()
     assert out.stopped == "max evals" and out.evals == 3

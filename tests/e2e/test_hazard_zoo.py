@@ -60,3 +60,17 @@ def test_the_fallback_chain_columns_on_the_mlp_chain(tmp_path):
     fp32 = [zoo._instance("up:linear#0"), zoo._instance("down:linear#0")]
     zoo.chain_case(zoo.load_case(path), path, tmp_path, fp32, row)
     assert row.chain_share == 1.0 and row.chain_evals == 3 and row.holds and row.chain_ok()
+
+
+def test_a_case_whose_package_is_missing_is_skipped_with_its_reason(tmp_path):
+    """A case that needs an optional package (minilm_spread_real: the zoo extra) sets SKIP where it is absent:
+    its row runs nothing, counts no target and says what it needs."""
+    zoo = _zoo()
+    case = tmp_path / "needs_pkg.py"
+    case.write_text('TUNE = {"dtype": "bf16", "tolerance": 1e-5}\nSPLIT = "design"\n'
+                    'SKIP = "needs the `nowhere` package"\n')
+    row = zoo.run_case(case, work=tmp_path)
+    assert row.skipped == "needs the `nowhere` package" and row.evals is None
+    assert all(v is None for v in row.verdicts().values())
+    text = zoo.render([row])
+    assert "needs_pkg: skipped: needs the `nowhere` package" in text and "0 of 0 targets PASS" in text

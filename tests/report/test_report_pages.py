@@ -134,7 +134,8 @@ def kept(tmp_path_factory):
 
 def test_why_fp32_rows_name_the_trial_that_isolated_the_op_or_say_it_had_none(kept):
     """A row blames a trial only when that trial lowered nothing else of the plan; an op kept FP32 with the
-    others when the all-low trial failed says it had no trial of its own (not 'trial 2 failed with it')."""
+    others when the all-low trial failed says first, plainly, that no trial tested it alone (not 'trial 2
+    failed with it')."""
     result = kept.result
     plan = {i.label() for i in result.plan.fp32_instances}
     trials = {t.n: t for t in result.trials}
@@ -149,10 +150,10 @@ def test_why_fp32_rows_name_the_trial_that_isolated_the_op_or_say_it_had_none(ke
     assert none, rows  # the search kept some without a trial of their own
     all_low = next(t.n for t in result.trials if not t.baseline and not t.fp32)
     for label in none:
-        assert rows[label] == (f"kept FP32 with 2 other instances when trial {all_low} failed with all 3 in bf16 "
-                               "(every candidate lowered); no trial of its own")
+        assert rows[label] == (f"no trial tested it in bf16 alone; kept FP32 with 2 other instances when trial "
+                               f"{all_low} failed with all 3 in bf16 (every candidate lowered)")
     page = (kept.out / "search.html").read_text()
-    assert page.count("no trial of its own") == len(none)
+    assert page.count("no trial tested it in bf16 alone") == len(none)
 
 
 def test_a_module_tried_as_one_unit_is_proved_by_the_trial_that_lowered_that_module_alone():
@@ -176,8 +177,45 @@ def test_a_module_tried_as_one_unit_is_proved_by_the_trial_that_lowered_that_mod
     assert why["attn:linear#0"] == why["attn:linear#1"] == (True, (
         "trial 3 failed with its module's 2 instances in bf16 (only change from the plan; a module's ops are "
         "tried together)"))
-    assert why["mlp:linear#0"] == (False, "kept FP32 with 2 other instances when trial 1 failed with all 3 in bf16 "
-                                          "(every candidate lowered); no trial of its own")
+    assert why["mlp:linear#0"] == (False, "no trial tested it in bf16 alone; kept FP32 with 2 other instances when "
+                                          "trial 1 failed with all 3 in bf16 (every candidate lowered)")
+
+
+def test_every_fp32_row_is_backed_by_a_trial_that_ran_it_low_or_says_plainly_that_none_did():
+    """Issue 46: a row that names a trial ('trial K failed with it') names a failed trial that ran this op in
+    bf16 with every other FP32 op of the plan still FP32 (the only change, or more FP32 than the plan: lowering
+    it from the plan fails all the more); any other row says first that no trial tested it alone."""
+    from tuner.measure.shares import Shares
+    from tuner.policy.plan import OpInstance, Plan
+    from tuner.report.reasons import fp32_reasons
+    from tuner.search.results import Trial, TuneResult, TuneStatus
+
+    inst = tuple(OpInstance(m, "linear", 0) for m in ("a", "b", "c", "d", "e"))
+    a, b, c, d, e = (i.label() for i in inst)
+
+    def trial(n: int, fp32: tuple[str, ...], passed: bool) -> Trial:
+        return Trial(n, "", fp32, 1.0, passed, 0.1, Shares())
+
+    trials = [trial(1, (), False), trial(2, (a, b, c, d), True), trial(3, (b, c, d), False),
+              trial(4, (a, c, d, e), False), trial(5, (a, b), False)]
+    plan = inst[:4]  # a b c d FP32; e low (trial 2, chosen)
+    result = TuneResult(Plan(fp32_instances=plan), TuneStatus.MET, 1.0, 0.9, 1.0, trials, 5, None, list(inst), {},
+                        chosen=2)
+    rows = {r.label: r.text("bf16") for r in fp32_reasons(result, trials)}
+    assert set(rows) == {a, b, c, d}
+    by_n = {t.n: t for t in trials}
+    for label, text in rows.items():
+        named = re.match(r"trial (\d+) failed with it in bf16", text)
+        if named:
+            t = by_n[int(named.group(1))]
+            assert not t.passed and label not in t.fp32 and {x for x in rows if x != label} <= set(t.fp32), text
+        else:
+            assert text.startswith("no trial tested it in bf16 alone; kept FP32 with"), text
+    assert rows[a] == "trial 3 failed with it in bf16 (only change from the plan)"
+    assert rows[b] == ("trial 4 failed with it in bf16, the plan's other FP32 instances FP32 and 1 more (no trial "
+                       "lowered it from the plan itself)")
+    assert rows[c] == rows[d] == ("no trial tested it in bf16 alone; kept FP32 with 1 other instance when trial 5 "
+                                  "failed with all 2 in bf16")
 
 
 def test_search_page_has_an_error_column_only_when_a_trial_raised(kept, tmp_path):

@@ -4,9 +4,9 @@ A reason is read off the trials, never guessed. The search decides per unit (the
 `tuner.search.candidates.Candidates.units`) and keeps FP32 a prefix of the ranking, so most instances never
 get a trial of their own: blaming the all-low trial for each of them (it failed with every one lowered) says
 nothing. A reason therefore names the failed trial that *isolated* the instance (its only difference from the
-chosen plan is this instance, or this instance's module) where there is one (`proved`), and otherwise says so:
-kept with N others when trial K failed with them all lowered, no trial of its own (`mpt tune --thorough` tries
-each unit alone).
+chosen plan is this instance, or this instance's module) where there is one (`proved`), and otherwise says so
+plainly, first: no trial tested it in the lower dtype alone; kept with N others when trial K failed with them
+all lowered (`mpt tune --thorough` tries each unit alone).
 """
 from __future__ import annotations
 
@@ -83,13 +83,14 @@ class Fp32Reason:
         return f"{self.flop_share:.1%}" if self.flop_share else "0%"
 
     def text(self, dtype: str) -> str:
-        """`trial 7 failed with it in bf16 (only change from the plan)`, or with its module's ops, or
-        `kept FP32 with 2 other instances when trial 2 failed with them in bf16 ...; no trial of its own`."""
+        """`trial 7 failed with it in bf16 (only change from the plan)`, or with its module's ops; else it says
+        first that no trial tested it alone: `no trial tested it in bf16 alone; kept FP32 with 2 other
+        instances when trial 2 failed with all 3 in bf16 ...`."""
         t = self.trial
         if self.range_text:
             return self.range_text + ("" if t is None else f"; {self._trial_text(dtype)}")
         if t is None:
-            return f"no failed trial ran it in {dtype}: kept FP32 by the search's order; no trial of its own"
+            return f"no failed trial ran it in {dtype}: kept FP32 by the search's order, not by a trial"
         return self._trial_text(dtype)
 
     def _trial_text(self, dtype: str) -> str:
@@ -102,10 +103,12 @@ class Fp32Reason:
                     "from the plan; a module's ops are tried together)")
         everything = " (every candidate lowered)" if not t.fp32 else ""
         also = f", and kept {self.extra} in FP32 that the plan lowers" if self.extra else ""
-        if not self.others:
-            return f"trial {t.n} failed with it in {dtype}{also}; no trial of its own"
-        return (f"kept FP32 with {self.others} other instance{'s' if self.others > 1 else ''} when trial {t.n} "
-                f"failed with all {self.others + 1} in {dtype}{everything}{also}; no trial of its own")
+        if not self.others:  # the plan's other FP32 ops stayed FP32, and more: lowering it from the plan fails too
+            return (f"trial {t.n} failed with it in {dtype}, the plan's other FP32 instances FP32 and {self.extra} "
+                    "more (no trial lowered it from the plan itself)")
+        return (f"no trial tested it in {dtype} alone; kept FP32 with {self.others} other "
+                f"instance{'s' if self.others > 1 else ''} when trial {t.n} failed with all {self.others + 1} in "
+                f"{dtype}{everything}{also}")
 
 
 def score_header(dtype: str) -> str:

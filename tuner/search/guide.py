@@ -92,6 +92,12 @@ class Guide:
         order = sorted(range(items), key=lambda i: (-effect[i] / max(costs[i], 1e-12), -effect[i], i))
         return order, effect
 
+    def alone_errors(self, items: int) -> list[float]:
+        """Each item's output error with it alone in the lower precision, every other item FP32 (N forwards):
+        what `--rank exact` measures per op instance, here per unit of the search."""
+        everything = frozenset(range(items))
+        return [self.error(everything - {i}) for i in range(items)]
+
     def first_informative(self, model: ErrorModel, lo: int, hi: int) -> int:
         """The shortest prefix in (lo, hi) whose observed error is measurably below prefix lo's (failed);
         hi when there is none."""

@@ -155,7 +155,7 @@ class Row:
     def verdicts(self) -> dict[str, bool | None]:
         """PASS/FAIL per target (None: does not apply, or the case was skipped)."""
         if self.skipped:
-            return {"evals": None, "share": None, "range": None, "honest": None}
+            return {"evals": None, "share": None, "range": None, "honest": None, "chain": None}
         ok_share = self.share is not None and (self.best is None or self.share >= 0.95 * self.best - 1e-9)
         ranged = self.dtype == "fp16" and bool(self.range_passes) and self.range_share is not None
         return {"evals": self.evals is not None and self.evals <= self.eval_target, "share": ok_share,

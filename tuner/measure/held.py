@@ -19,15 +19,17 @@ import torch
 from torch import nn
 
 from tuner.core.sharding import is_dtensor
-from tuner.measure.packed import pack
+from tuner.measure.packed import Scratch, pack
+
+Undo = Callable[[Scratch], None]  # puts one parameter's FP32 tensor back (buffers to reuse: `packed.Scratch`)
 
 
-def _aside(p: nn.Parameter, dtype: torch.dtype) -> Callable[[], None]:
+def _aside(p: nn.Parameter, dtype: torch.dtype) -> Undo:
     """Hold `p` in `dtype` in a new tensor; the undo puts the FP32 tensor back."""
     kept = p.data
     p.data = kept.to(dtype)
 
-    def undo() -> None:
+    def undo(_: Scratch) -> None:
         p.data = kept
 
     return undo
@@ -37,7 +39,7 @@ class HeldLowered:
     """Which parameters of one model are held lowered now (name -> dtype), and how to put each back."""
 
     def __init__(self) -> None:
-        self._held: dict[str, tuple[torch.dtype, Callable[[], None]]] = {}
+        self._held: dict[str, tuple[torch.dtype, Undo]] = {}
 
     @property
     def dtypes(self) -> dict[str, torch.dtype]:
@@ -50,27 +52,29 @@ class HeldLowered:
         if not self._held and not dtypes:  # nothing held, nothing wanted: the usual loan of the model as built
             return changed
         params = dict(model.named_parameters())
+        scratch = Scratch()  # one set of buffers for every parameter changed here
         with torch.no_grad():
             for name in reversed(list(self._held)):  # put back first: its bytes may be packed again below
                 dtype, undo = self._held[name]
                 if dtypes.get(name) != dtype:
-                    undo()
+                    undo(scratch)
                     del self._held[name]
                     changed.append(params[name])
             for name, p in params.items():
                 want = dtypes.get(name)
                 if want is None or name in self._held or p.dtype == want or is_dtensor(p):
                     continue
-                self._held[name] = (want, pack(p, want) or _aside(p, want))
+                self._held[name] = (want, pack(p, want, scratch) or _aside(p, want))
                 changed.append(p)
         return changed
 
     def release(self) -> bool:
         """Every FP32 tensor back, bit for bit; True when anything was held."""
         held = bool(self._held)
+        scratch = Scratch()
         with torch.no_grad():
             for name in reversed(list(self._held)):
-                self._held.pop(name)[1]()
+                self._held.pop(name)[1](scratch)
         return held
 
     def forget(self) -> None:

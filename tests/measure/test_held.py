@@ -81,3 +81,30 @@ def test_a_change_of_plan_makes_its_buffers_once_not_once_per_parameter(monkeypa
     assert held.release()
     assert all(torch.equal(p.data.view(torch.int32), ref[n].view(torch.int32)) for n, p in m.named_parameters())
     assert packing <= 1 and len(made) <= 2  # 8 parameters: one buffer to pack them, one to put them back
+
+
+def test_a_mapped_parameter_is_held_in_a_kept_copy_and_its_file_pages_are_never_written(tmp_path):
+    """Weights mapped copy-on-write from a file (an hf: folder, `torch.load(mmap=True)`) are not packed in place
+    (every page copied at the first write): held in a lowered copy, made once and given back to the next plan
+    that holds them; a write to that copy while it is not held is caught (a new copy is made)."""
+    torch.save(model().state_dict(), tmp_path / "w.pt")
+    m = model()
+    m.load_state_dict(torch.load(tmp_path / "w.pt", mmap=True), assign=True)
+    fp32 = {n: (p.data_ptr(), p.data.clone()) for n, p in m.named_parameters()}
+    lowered = {"0.weight": BF16, "1.weight": BF16}
+    held = HeldLowered()
+    held.match(m, lowered)
+    first = m[0].weight.data
+    assert first.dtype == BF16 and first.data_ptr() != fp32["0.weight"][0]  # not in the file's pages
+    assert torch.equal(first, fp32["0.weight"][1].to(BF16))
+    held.match(m, {})
+    assert all(p.data_ptr() == fp32[n][0] and torch.equal(p.data, fp32[n][1]) for n, p in m.named_parameters())
+    held.match(m, lowered)
+    assert m[0].weight.data.data_ptr() == first.data_ptr()  # the same copy: nothing converted again
+    held.match(m, {})
+    first.mul_(2.0)  # a reference kept from the loan, written while the copy is not held
+    held.match(m, lowered)
+    assert torch.equal(m[0].weight.data, fp32["0.weight"][1].to(BF16))
+    assert held.release()
+    assert all(p.data_ptr() == fp32[n][0] and torch.equal(p.data.view(torch.int32), fp32[n][1].view(torch.int32))
+               for n, p in m.named_parameters())

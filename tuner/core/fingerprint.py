@@ -132,6 +132,11 @@ def _tensor_checksum(t: torch.Tensor) -> torch.Tensor | int:
     return blocks.sum() + (blocks * weights).sum() + (blocks.numel() + 1) * rest
 
 
+def tensor_checksum(t: torch.Tensor) -> int:
+    """`tensor_checksums`' checksum of one tensor, as a Python int (one sync where the tensor lives)."""
+    return _on_host([_tensor_checksum(t)])[0] & _MASK
+
+
 def weights_checksum(model: nn.Module) -> str:
     """A fast checksum of the model's state dict (names, dtypes, shapes, every byte); see the module docstring."""
     h = hashlib.sha256()

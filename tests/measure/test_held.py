@@ -108,3 +108,24 @@ def test_a_mapped_parameter_is_held_in_a_kept_copy_and_its_file_pages_are_never_
     assert held.release()
     assert all(p.data_ptr() == fp32[n][0] and torch.equal(p.data.view(torch.int32), fp32[n][1].view(torch.int32))
                for n, p in m.named_parameters())
+
+
+def test_a_parameter_mapped_shared_from_a_file_never_writes_the_file(tmp_path):
+    """A shared mapping's writes reach the file: packing in place would leave the user's weights file packed for
+    as long as the plan holds them (and broken by an interrupt)."""
+    import mmap
+
+    from tuner.core.fingerprint import sha256_file
+
+    torch.save(model().state_dict(), tmp_path / "w.pt")
+    digest = sha256_file(tmp_path / "w.pt")
+    m = model()
+    torch.serialization.set_default_mmap_options(mmap.MAP_SHARED)
+    try:
+        m.load_state_dict(torch.load(tmp_path / "w.pt", mmap=True), assign=True)
+    finally:
+        torch.serialization.set_default_mmap_options(mmap.MAP_PRIVATE)
+    held = HeldLowered()
+    held.match(m, {"0.weight": BF16, "2.weight": BF16})
+    assert m[0].weight.dtype == BF16 and sha256_file(tmp_path / "w.pt") == digest
+    assert held.release() and sha256_file(tmp_path / "w.pt") == digest

@@ -11,13 +11,14 @@ A bf16 parameter is packed into its own storage where it can be (`tuner.measure.
 FP32 bits rebuilt exactly); any other is held lowered in a new tensor, its FP32 tensor kept aside. A sharded
 model's parameters (DTensors) stay FP32 (`deployed.stored_as` says why).
 
-Except a parameter whose FP32 bytes are a file's pages mapped copy-on-write (an `hf:` folder's safetensors, as
-transformers loads them): packing it in place would copy every page of it into the process's own memory at the
-first write (GPT-2 774M: 690k page faults, most of a packing's time) and leave the model twice in memory, the
-file's pages and the copy. It is held in a lowered copy instead, made once and kept while the record lives: the
-next plan that holds it lowered again (the report's verifying forward and checkpoint, after the result phase's
-FP32 forwards) gets the same copy back at the cost of a checksum (which catches a write to it made while it was
-not held), where packing in place would have unpacked and packed it again.
+Except a parameter whose FP32 bytes are a file's pages mapped into memory (an `hf:` folder's safetensors, as
+transformers loads them, copy-on-write): packing it in place would copy every page of it into the process's own
+memory at the first write (GPT-2 774M: 690k page faults, most of a packing's time) and leave the model twice in
+memory, the file's pages and the copy (a shared mapping's writes would reach the file; a read-only one's fail).
+It is held in a lowered copy instead, made once and kept while the record lives: the next plan that holds it
+lowered again (the report's verifying forward and checkpoint, after the result phase's FP32 forwards) gets the
+same copy back at the cost of a checksum (which catches a write to it made while it was not held), where
+packing in place would have unpacked and packed it again.
 """
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ def _mapped_files() -> list[tuple[int, int]]:
     found = []
     for line in lines:
         fields = line.split(maxsplit=5)  # address perms offset device inode [path]
-        if len(fields) == 6 and fields[5].startswith("/") and fields[1].endswith("p"):
+        if len(fields) == 6 and fields[5].startswith("/"):  # shared too: packing would write into the file
             lo, hi = fields[0].split("-")
             found.append((int(lo, 16), int(hi, 16)))
     return found

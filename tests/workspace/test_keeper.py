@@ -65,7 +65,7 @@ def test_the_last_loan_gives_the_model_away_without_a_rebuild():
 def test_lowered_parameters_stay_held_between_loans_and_the_model_comes_back_as_built(monkeypatch):
     packs: list[int] = []
     real_pack = held_module.pack
-    monkeypatch.setattr(held_module, "pack", lambda p, d: packs.append(1) or real_pack(p, d))
+    monkeypatch.setattr(held_module, "pack", lambda p, d, s=None: packs.append(1) or real_pack(p, d, s))
     keeper = ModelKeeper(build)
     ref = {k: v.clone() for k, v in keeper.model.state_dict().items()}
     lowered = {"0.weight": torch.bfloat16}
@@ -101,7 +101,7 @@ def test_holding_packs_once_for_the_verifying_forward_and_the_checkpoint(monkeyp
 
     packs: list[int] = []
     real_pack = held_module.pack
-    monkeypatch.setattr(held_module, "pack", lambda p, d: packs.append(1) or real_pack(p, d))
+    monkeypatch.setattr(held_module, "pack", lambda p, d, s=None: packs.append(1) or real_pack(p, d, s))
     keeper = ModelKeeper(build)
     ref = {k: v.clone() for k, v in keeper.model.state_dict().items()}
     lowered = {"0.weight": torch.bfloat16, "2.weight": torch.bfloat16}
@@ -172,3 +172,24 @@ def test_a_hidden_write_to_a_held_weight_is_caught_even_when_the_next_light_loan
     with keeper.borrowed("evaluate") as model:
         assert keeper.rebuilds == 1
         assert torch.equal(model[0].weight, ref["0.weight"])
+
+
+def test_the_weights_digest_reads_no_weight_byte_and_is_the_model_as_built(monkeypatch):
+    """The journal's and plan's weights digest comes from the checksums the keeper took of the model as built:
+    no pass over the weights of its own (two passes over 3 GB for GPT-2 774M before), the same value."""
+    import tuner.core.fingerprint as fingerprint
+
+    reads: list[int] = []
+    real = fingerprint._tensor_checksum
+    monkeypatch.setattr(fingerprint, "_tensor_checksum", lambda t: reads.append(1) or real(t))
+    keeper = ModelKeeper(build)
+    reads.clear()
+    assert keeper.weights_digest == fingerprint.weights_digest(build())
+    reads.clear()
+    keeper = ModelKeeper(build)
+    reads.clear()
+    digest = keeper.weights_digest
+    assert not reads and digest == keeper.weights_digest
+    with keeper.borrowed() as model:
+        model[0] = nn.Linear(4, 4)  # swapped (other weights): rebuilt after the loan, the digest unchanged
+    assert keeper.rebuilds == 1 and keeper.weights_digest == digest

@@ -86,21 +86,23 @@ def structure_digest(model: nn.Module) -> str:
     return h.hexdigest()
 
 
-def weights_digest(model: nn.Module) -> str:
+def weights_digest(model: nn.Module, checksums: Checksums | None = None) -> str:
     """A digest of the state dict: sha256 over every tensor's name, dtype, shape and `tensor_checksums`
     checksum (every byte of it, summed where the tensor lives). It identifies the weights a journal or plan
     was made for without copying them off their device (issue 33: on a GPU, 9,000 copies to the host and a
     host-side hash were a fifth of a tune). A sharded model's is every rank's digest of its own shards (with
-    their placements) combined over the mesh, in rank order: a collective, the same value on every rank."""
+    their placements) combined over the mesh, in rank order: a collective, the same value on every rank.
+    `checksums`: `tensor_checksums(model)` as taken earlier (the model keeper's capture of the model as built),
+    so no byte is read again; the names, dtypes and shapes are then theirs, the placements the model's."""
     h = hashlib.sha256(b"mpt-weights-2\n")
     sharded = None
     state = {name: t for name, t in model.state_dict(keep_vars=True).items() if isinstance(t, torch.Tensor)}
-    sums = dict((entry[0], entry[3]) for entry in tensor_checksums(model))
-    for name, t in state.items():
+    for name, dtype, shape, checksum in tensor_checksums(model) if checksums is None else checksums:
         where = ""
-        if is_dtensor(t):
+        t = state.get(name)
+        if t is not None and is_dtensor(t):
             sharded, where = t, f" {placements(t)}"
-        h.update(f"{name} {t.dtype} {tuple(t.shape)}{where} {sums[name]}\n".encode())
+        h.update(f"{name} {dtype} {shape}{where} {checksum}\n".encode())
     if sharded is None:
         return h.hexdigest()
     import torch.distributed as dist
@@ -128,6 +130,11 @@ def _tensor_checksum(t: torch.Tensor) -> torch.Tensor | int:
     rest = words[full:].sum() + flat[whole:].to(torch.int64).sum()
     weights = torch.arange(1, blocks.numel() + 1, dtype=torch.int64, device=blocks.device)
     return blocks.sum() + (blocks * weights).sum() + (blocks.numel() + 1) * rest
+
+
+def tensor_checksum(t: torch.Tensor) -> int:
+    """`tensor_checksums`' checksum of one tensor, as a Python int (one sync where the tensor lives)."""
+    return _on_host([_tensor_checksum(t)])[0] & _MASK
 
 
 def weights_checksum(model: nn.Module) -> str:

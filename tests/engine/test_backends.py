@@ -45,8 +45,22 @@ def _decisions(model: nn.Module, policy_name: str, backend) -> dict:
     return found
 
 
+def _cpu_runs_a_bf16_lstm() -> bool:
+    """Whether this CPU's oneDNN builds a bf16 LSTM (not on an AVX2-only CPU, or with its ISA capped to AVX2)."""
+    try:
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+            nn.LSTM(8, 8)(torch.randn(3, 2, 8))
+    except RuntimeError:
+        return False
+    return True
+
+
 @pytest.mark.parametrize("rnn", [nn.LSTM, nn.GRU, nn.RNN])
 def test_cuda_configuration_names_the_rnn_cudnn_rnn_and_runs_it_low(cudnn, rnn):
+    if rnn is nn.LSTM and not _cpu_runs_a_bf16_lstm():
+        # the CUDA configuration runs `_cudnn_rnn` under torch.autocast; on CPU tensors that is oneDNN's LSTM,
+        # which has no bf16 kernel below AVX512 (a GPU runs cuDNN's): nothing here to emulate it with
+        pytest.skip("this CPU's oneDNN has no bf16 LSTM (AVX2)")
     torch.manual_seed(0)
     found = _decisions(RnnLM(rnn).eval(), "torch-cuda", BACKENDS["cuda"])
     d = found[("rnn", "_cudnn_rnn")]

@@ -107,6 +107,7 @@ class TuneSession:
         self.clock = PhaseClock(lambda: self.evaluator.eval_seconds)
         self.notes: list[str] = []
         self.recorded: PlanRecord | None = None  # the written plan's recorded forward (final_fp32)
+        self.lowered: dict[str, torch.dtype] | None = None  # what its plan's forward lowered (final_fp32)
         self.warnings: list[str] = []
         self.range_kept: dict[OpInstance, RangeReason] = {}  # what the range rule keeps FP32 (`range_rule`)
         # a fallback chain (`--fallback`): the other 16-bit dtype, what the range rule sends there, and the
@@ -577,14 +578,18 @@ class TuneSession:
         fp32, other = found.by_label(best.fp32), found.by_label(best.fallback)
         if stopped is StopReason.INTERRUPTED:
             return fp32, best.metric, best.n, other
-        self.recorded = self._record(found, fp32, frozenset(other))
-        idle = self.recorded.idle - set(found.fp32_calls)  # those make FP32 islands: not theirs to drop
-        if idle:
-            fp32 = tuple(i for i in fp32 if i not in idle)
-            other = tuple(i for i in other if i not in idle)
-            self.notes.append(f"{len(idle)} FP32 override(s) dropped: their inputs are FP32 under the plan, so they "
-                              "ran in FP32 anyway" if self.fallback is None else f"{len(idle)} override(s) dropped: "
-                              "their inputs come in the dtype they name under the plan, so they ran in it anyway")
+        with self.keeper.borrowed() as model:  # one loan, so one pass over the weights after it, not two
+            self.recorded = record_plan(model, plan_for(self.options, found, fp32, frozenset(other)), found.inputs)
+            idle = self.recorded.idle - set(found.fp32_calls)  # those make FP32 islands: not theirs to drop
+            if idle:
+                fp32 = tuple(i for i in fp32 if i not in idle)
+                other = tuple(i for i in other if i not in idle)
+                self.notes.append(f"{len(idle)} FP32 override(s) dropped: their inputs are FP32 under the plan, so "
+                                  "they ran in FP32 anyway" if self.fallback is None else f"{len(idle)} override(s) "
+                                  "dropped: their inputs come in the dtype they name under the plan, so they ran in "
+                                  "it anyway")
+            if not self.options.for_training:  # the trials' predicted weight dtypes, proven on this plan
+                self.lowered = self.evaluator.confirm_lowered(model, plan_for(self.options, found, fp32, other))
         self._relabel(best, len(fp32))
         return fp32, best.metric, best.n, other
 
@@ -648,10 +653,7 @@ class TuneSession:
         opts, ev = self.options, self.evaluator
         # the calls every plan keeps FP32 count as op instances in FP32 ("2 of 2"), though no trial chose them
         candidates = list(found.instances) + list(found.fp32_calls) if found else []
-        lowered: dict[str, Any] | None = {} if opts.for_training else None  # training: the FP32 weights ran
-        if chosen_n is not None and found is not None and stopped is not StopReason.INTERRUPTED and lowered is None:
-            with self.keeper.borrowed() as model:  # the trials' predicted weight dtypes, proven on this plan
-                lowered = ev.confirm_lowered(model, plan_for(opts, found, fp32, other))
+        lowered: dict[str, Any] | None = {} if opts.for_training else self.lowered  # training: FP32 weights ran
         plan = plan_for(opts, found, fp32, other,
                         metrics={"baseline": base.value, "tuned": metric, "target": accept.target,
                                  "tolerance": opts.tolerance, "absolute": opts.absolute,

@@ -1,5 +1,8 @@
 """The result phase's recorded forward and the proof of the lowered weights share one loan of the model, so
 the keeper reads every weight byte once after them, not twice (GPT-2 774M: 3 GB a pass, issue 44)."""
+import torch
+from torch import nn
+
 import tuner
 from tuner.core.fingerprint import ModelState
 from tuner.search.session import TuneSession
@@ -29,3 +32,32 @@ def test_the_result_phase_reads_the_weights_once(monkeypatch):
     res = tuner.tune(task.build, task.evaluate, task.example_inputs, tolerance=0.002, progress=False)
     assert res.chosen is not None and res.recorded is not None  # a plan was chosen, recorded and proven
     assert len(full) == 1
+
+
+def test_a_tune_that_writes_the_all_low_plan_reuses_the_candidates_recorded_forward(monkeypatch):
+    """The candidates' recorded forward is the all-low plan's: when that plan is written, the result phase
+    records no forward of its own, and the record it reuses is the one a forward of the written plan gives."""
+    from tuner.measure.recorded import record_plan
+    from tuner.search import session
+
+    calls = []
+
+    def counted(model, plan, inputs):
+        calls.append(plan)
+        return record_plan(model, plan, inputs)
+
+    monkeypatch.setattr(session, "record_plan", counted)
+    x = torch.randn(64, 16, generator=torch.Generator().manual_seed(0))
+
+    def build():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+
+    def evaluate(model):
+        with torch.no_grad():
+            return float(model(x).abs().mean()) + 1.0
+
+    res = tuner.tune(build, evaluate, lambda: (x,), tolerance=0.5, progress=False)
+    assert res.chosen is not None and not res.plan.fp32_instances  # the all-low plan passed and is written
+    assert calls == []
+    assert res.recorded == record_plan(build(), res.plan, (x,))

@@ -20,6 +20,7 @@ from tuner.engine.function_mode import Decision, PrecisionEngine
 from tuner.measure.flops import MATMUL_OPS, RNN_OPS
 from tuner.measure.shares import ShareCounter, Shares
 from tuner.policy.plan import OpInstance, Plan
+from tuner.policy.presets import Policy
 from tuner.policy.rules import Rule
 
 # Rules under which an op runs in its inputs' precision: with FP32 inputs an FP32 override changes nothing.
@@ -50,30 +51,45 @@ def inputs_all_fp32(decision: Decision, dtype: torch.dtype = torch.float32) -> b
     return bool(decision.in_dtypes) and all(t is dtype for t in decision.in_dtypes)
 
 
-def record_plan(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> PlanRecord:
-    """One forward of `inputs` under `plan` (no grad), every op decision recorded."""
-    counter = ShareCounter()
-    claimed: dict[str, set[torch.dtype]] = {}
-    tolerated: dict[str, set[torch.dtype]] = {}
-    policy = plan.policy()
-    wanted = plan.instance_overrides()  # FP32 and fallback instances, by key
-    idle: set[OpInstance] = set()
-    low_ops: set[str] = set()
+class PlanRecorder:
+    """The recorder (`PrecisionEngine(recorder=...)`) that makes a plan's `PlanRecord`, for a caller that runs
+    the forward itself: the candidates' all-low forward (`tuner.search.candidates`) is the recorded forward of
+    the all-low plan, so a tune that writes that plan runs no other (GPT-2 774M: a forward of 3 GB less).
+    `policy` and `wanted` (its FP32 and fallback instances, by key) are the plan's, as the engine runs it."""
 
-    def record(d: Decision, func: Any, args: tuple, kwargs: dict, out: Any, *raw: Any) -> None:
-        counter.add(d, args, kwargs, out)
+    def __init__(self, policy: Policy, wanted: Mapping[tuple[str, str, int], torch.dtype]) -> None:
+        self.policy, self.wanted = policy, wanted
+        self.counter = ShareCounter()
+        self.claimed: dict[str, set[torch.dtype]] = {}
+        self.tolerated: dict[str, set[torch.dtype]] = {}
+        self.idle: set[OpInstance] = set()
+        self.low_ops: set[str] = set()
+
+    def __call__(self, d: Decision, func: Any, args: tuple, kwargs: dict, out: Any, *raw: Any) -> None:
+        self.counter.add(d, args, kwargs, out)
         if d.ran is not None:  # a matmul's claim is what its kernel computed in (`Decision.kernel`)
             gemm = d.op in MATMUL_OPS or d.op in RNN_OPS
-            (claimed if gemm else tolerated).setdefault(d.module, set()).add(d.ran)
+            (self.claimed if gemm else self.tolerated).setdefault(d.module, set()).add(d.ran)
         if d.lowered:
-            low_ops.add(d.op)
+            self.low_ops.add(d.op)
         key = (d.module, d.op, d.index)
-        if key in wanted and policy.lookup(d.op)[0] in FROM_INPUTS and inputs_all_fp32(d, wanted[key]):
-            idle.add(OpInstance(*key))
+        if (key in self.wanted and self.policy.lookup(d.op)[0] in FROM_INPUTS
+                and inputs_all_fp32(d, self.wanted[key])):
+            self.idle.add(OpInstance(*key))
 
-    with torch.no_grad(), PrecisionEngine(policy, plan.torch_dtype, root=model, recorder=record,
+    def record(self) -> PlanRecord:
+        """What the forward it watched tells."""
+        return PlanRecord(self.counter.shares, {k: frozenset(v) for k, v in self.claimed.items()},
+                          {k: frozenset(v) for k, v in self.tolerated.items()}, frozenset(self.idle),
+                          frozenset(self.low_ops))
+
+
+def record_plan(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> PlanRecord:
+    """One forward of `inputs` under `plan` (no grad), every op decision recorded."""
+    policy = plan.policy()
+    recorder = PlanRecorder(policy, plan.instance_overrides())  # FP32 and fallback instances, by key
+    with torch.no_grad(), PrecisionEngine(policy, plan.torch_dtype, root=model, recorder=recorder,
                                           module_overrides=plan.module_overrides(),
                                           instance_overrides=plan.instance_overrides(), as_deployed=True):
         ModelInputs.of(inputs).call(model)
-    return PlanRecord(counter.shares, {k: frozenset(v) for k, v in claimed.items()},
-                      {k: frozenset(v) for k, v in tolerated.items()}, frozenset(idle), frozenset(low_ops))
+    return recorder.record()

@@ -20,7 +20,8 @@ from tuner.core.loader import call_forward
 from tuner.engine.function_mode import Decision, PrecisionEngine
 from tuner.measure.flops import first_tensor, op_flops
 from tuner.measure.inspection import relative_error
-from tuner.measure.shares import ShareCounter, Shares
+from tuner.measure.recorded import PlanRecord, PlanRecorder
+from tuner.measure.shares import Shares
 from tuner.policy.opnames import is_communication, is_neutral
 from tuner.policy.plan import OpInstance
 from tuner.policy.presets import Policy
@@ -47,6 +48,7 @@ class Candidates:
     inputs: ModelInputs
     all_low_error: float = 0.0
     fp32_calls: tuple[OpInstance, ...] = ()  # FP32 in every plan: their modules run as FP32 islands (`find_candidates`)
+    all_low_record: PlanRecord | None = None  # the all-low plan's recorded forward: the one that found them
 
     def __post_init__(self) -> None:
         if set(self.costs) != set(self.instances) or set(self.flops) != set(self.instances):
@@ -110,23 +112,25 @@ def find_candidates(model: nn.Module, inputs: ModelInputs, policy: Policy, dtype
     if owned:
         fp32_calls = tuple(sorted(set(fp32_calls) | set(owned)))
         recorded = _recorded(model, inputs, policy, dtype, fp32_modules, fp32_calls)
-    costs, flops, shares, low_out = recorded
-    return Candidates(instances=tuple(costs), costs=costs, flops=flops, all_low=shares, ref_out=ref_out,
+    costs, flops, record, low_out = recorded
+    return Candidates(instances=tuple(costs), costs=costs, flops=flops, all_low=record.shares, ref_out=ref_out,
                       fp32_modules=dict(fp32_modules), inputs=inputs,
-                      all_low_error=relative_error(low_out, ref_out) or 0.0, fp32_calls=tuple(sorted(fp32_calls)))
+                      all_low_error=relative_error(low_out, ref_out) or 0.0, fp32_calls=tuple(sorted(fp32_calls)),
+                      all_low_record=record)
 
 
 def _recorded(model: nn.Module, inputs: ModelInputs, policy: Policy, dtype: torch.dtype,
               fp32_modules: Mapping[str, str], fp32_calls: tuple[OpInstance, ...]
-              ) -> tuple[dict[OpInstance, float], dict[OpInstance, int], Shares, Any]:
-    """One forward under `policy` with `fp32_modules` and `fp32_calls` FP32: the candidates' costs and FLOPs
-    (in call order), the forward's shares, and its output."""
-    counter = ShareCounter()
+              ) -> tuple[dict[OpInstance, float], dict[OpInstance, int], PlanRecord, Any]:
+    """One forward under `policy` with `fp32_modules` and `fp32_calls` FP32 (the all-low plan, as mpt's engine
+    runs it): the candidates' costs and FLOPs (in call order), the forward's record (its shares: the all-low
+    plan's `PlanRecord`), and its output."""
+    plan = PlanRecorder(policy, {c.key(): torch.float32 for c in fp32_calls})
     costs: dict[OpInstance, float] = {}
     flops: dict[OpInstance, int] = {}
 
     def record(d: Decision, func: Any, args: tuple, kwargs: dict, out: Any, *raw: Any) -> None:
-        counter.add(d, args, kwargs, out)
+        plan(d, func, args, kwargs, out, *raw)
         # a neutral op that casts (a lower-list op rounding an FP32 input) does change the numbers
         if (runs_low(d) and not d.forced and not is_communication(d.op)
                 and (d.casts > 0 or not is_neutral(d.op, args, kwargs))):
@@ -141,4 +145,4 @@ def _recorded(model: nn.Module, inputs: ModelInputs, policy: Policy, dtype: torc
                                           instance_overrides={c.key(): torch.float32 for c in fp32_calls},
                                           as_deployed=True):
         low_out = call_forward(model, inputs)
-    return costs, flops, counter.shares, low_out
+    return costs, flops, plan.record(), low_out

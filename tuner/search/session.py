@@ -578,8 +578,11 @@ class TuneSession:
         fp32, other = found.by_label(best.fp32), found.by_label(best.fallback)
         if stopped is StopReason.INTERRUPTED:
             return fp32, best.metric, best.n, other
+        plan = plan_for(self.options, found, fp32, frozenset(other))
         with self.keeper.borrowed() as model:  # one loan, so one pass over the weights after it, not two
-            self.recorded = record_plan(model, plan_for(self.options, found, fp32, frozenset(other)), found.inputs)
+            self.recorded = (found.all_low_record  # the all-low plan: the candidates' forward recorded it
+                             if found.all_low_record is not None and plan == plan_for(self.options, found, ())
+                             else record_plan(model, plan, found.inputs))
             idle = self.recorded.idle - set(found.fp32_calls)  # those make FP32 islands: not theirs to drop
             if idle:
                 fp32 = tuple(i for i in fp32 if i not in idle)

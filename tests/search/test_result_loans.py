@@ -61,3 +61,48 @@ def test_a_tune_that_writes_the_all_low_plan_reuses_the_candidates_recorded_forw
     assert res.chosen is not None and not res.plan.fp32_instances  # the all-low plan passed and is written
     assert calls == []
     assert res.recorded == record_plan(build(), res.plan, (x,))
+
+
+def test_a_tune_that_writes_the_all_low_plan_runs_no_forward_in_its_result_phase(monkeypatch):
+    """The all-low plan's proof of its lowered weights is the candidates phase's first look (the same FP32
+    weights, plan and inputs): the result phase lends no model for a forward, so no pass over the weights
+    follows, and what it reports lowered is what a forward of the written plan observes."""
+    from tuner.measure.deployed import weight_dtypes
+
+    forwards, full = [], []
+    inside = [False]
+    capture, result = ModelState.capture.__func__, TuneSession.result
+    x = torch.randn(64, 16, generator=torch.Generator().manual_seed(0))
+
+    class Counted(nn.Sequential):
+        def forward(self, x):
+            if inside[0]:
+                forwards.append(1)
+            return super().forward(x)
+
+    def build():
+        torch.manual_seed(0)
+        return Counted(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+
+    def evaluate(model):
+        with torch.no_grad():
+            return float(model(x).abs().mean()) + 1.0
+
+    def counted(cls, model, *, since=None, changed=()):
+        if inside[0] and since is None:
+            full.append(1)
+        return capture(cls, model, since=since, changed=changed)
+
+    def timed(self, *args, **kwargs):
+        inside[0] = True
+        try:
+            return result(self, *args, **kwargs)
+        finally:
+            inside[0] = False
+
+    monkeypatch.setattr(ModelState, "capture", classmethod(counted))
+    monkeypatch.setattr(TuneSession, "result", timed)
+    res = tuner.tune(build, evaluate, lambda: (x,), tolerance=0.5, progress=False)
+    assert res.chosen is not None and not res.plan.fp32_instances  # the all-low plan passed and is written
+    assert forwards == [] and full == []
+    assert res.lowered and res.lowered == weight_dtypes(build(), res.plan, (x,))

@@ -172,6 +172,7 @@ class Evaluator:
         self.inputs: ModelInputs | None = None
         self._uses: ParameterUses | None | object = _UNOBSERVED  # for `lowered`'s prediction
         self._looked: tuple[Plan, Any, float] | None = None  # first_look's plan, output and seconds
+        self._seen: tuple[Plan, dict[str, torch.dtype]] | None = None  # first_look's plan and what it lowered
         # calls every plan keeps FP32 (Candidates.fp32_calls): no choice of the search, so not in a trial's fp32
         self.kept: frozenset[OpInstance] = frozenset()
         self.forward_s = 0.0  # the seconds of output_error's last forward
@@ -402,6 +403,7 @@ class Evaluator:
             except Exception:  # noqa: BLE001 - the probe that follows runs it again and classifies the error
                 return False
             self._looked = (plan, detached_copy(seen.output), time.monotonic() - t0)
+        self._seen = (plan, seen.lowered)  # `confirm_lowered`'s observation when `plan` is the one written
         self.inputs = inputs
         self._uses = uses_of(seen, plan)
         return True
@@ -471,18 +473,29 @@ class Evaluator:
         """NotAsClaimed unless a forward of `plan` lowers the parameters the trials were told it lowers (the
         check of the prediction on the plan that gets reported). Returns what that forward observed (the
         parameters `plan`'s checkpoint stores lowered: the report's plan pass needs no forward of its own for
-        them), or None when nothing was predicted, so nothing observed."""
+        them), or None when nothing was predicted, so nothing observed. When `plan` is the one `first_look`
+        observed (the all-low plan, written whenever it passes), that observation is the forward: the same
+        FP32 weights, plan and inputs, seeded alike (`observe`), so running it again would see the same
+        uses; `needs_forward` tells the caller whether `model` must be lent for one."""
         if self.inputs is None or not isinstance(self._uses, ParameterUses):
             return None
         predicted = predicted_lowered(model, self._uses, plan)
         if predicted is None:
             return None
-        seen = weight_dtypes(model, plan, self.inputs)
+        seen = self._seen[1] if not self.needs_forward(plan) and self._seen is not None \
+            else weight_dtypes(model, plan, self.inputs)
         if seen != predicted:
             wrong = sorted(set(seen).symmetric_difference(predicted))
             raise NotAsClaimed(f"the trials held {len(wrong)} parameter(s) in another dtype than the plan stores "
                                f"them (an mpt bug): {', '.join(wrong[:5])}")
         return seen
+
+    def needs_forward(self, plan: Plan) -> bool:
+        """Whether `confirm_lowered(model, plan)` runs a forward of `model` (False: `first_look` observed
+        `plan` already, or there is nothing to confirm), so the caller lends the module tree alone."""
+        if self.inputs is None or not isinstance(self._uses, ParameterUses):
+            return False
+        return self._seen is None or self._seen[0] != plan
 
     def _record(self, trial: Trial) -> Trial:
         self.evals += 1

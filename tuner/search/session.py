@@ -32,7 +32,7 @@ from tuner.measure.ranges import RangeReason, RangeRecorder, RangeSide, beyond_r
 from tuner.measure.ranking import rank_exact, rank_gradient
 from tuner.measure.recorded import PlanRecord, record_plan
 from tuner.options.tune import Granularity, RankMethod, TuneOptions
-from tuner.policy.plan import OpInstance
+from tuner.policy.plan import OpInstance, Plan
 from tuner.policy.presets import load_preset
 from tuner.search.budget import FULL, MAX_PROBES, AidLimits, aid_limits
 from tuner.search.builtin_metric import builtin_evaluate
@@ -579,10 +579,26 @@ class TuneSession:
         if stopped is StopReason.INTERRUPTED:
             return fp32, best.metric, best.n, other
         plan = plan_for(self.options, found, fp32, frozenset(other))
+        reused = found.all_low_record if plan == plan_for(self.options, found, ()) else None
+        if reused is not None and (self.options.for_training or not self.evaluator.needs_forward(plan)):
+            # the all-low plan: the candidates phase recorded it and `first_look` observed it; no forward
+            # here, so no loan and no pass over the weights after one
+            self.recorded = reused
+            if not self.options.for_training:
+                self.lowered = self.evaluator.confirm_lowered(self.keeper.modules, plan)
+        else:
+            fp32, other = self._record_written(found, plan, fp32, other, reused)
+        self._relabel(best, len(fp32))
+        return fp32, best.metric, best.n, other
+
+    def _record_written(self, found: Candidates, plan: Plan, fp32: tuple[OpInstance, ...],
+                        other: tuple[OpInstance, ...], reused: PlanRecord | None
+                        ) -> tuple[tuple[OpInstance, ...], tuple[OpInstance, ...]]:
+        """The written plan's recorded forward (`reused` when the candidates phase made it) and the proof of
+        its lowered weights, in one loan; its FP32 and fallback instances less the overrides that change
+        nothing."""
         with self.keeper.borrowed() as model:  # one loan, so one pass over the weights after it, not two
-            self.recorded = (found.all_low_record  # the all-low plan: the candidates' forward recorded it
-                             if found.all_low_record is not None and plan == plan_for(self.options, found, ())
-                             else record_plan(model, plan, found.inputs))
+            self.recorded = reused or record_plan(model, plan, found.inputs)
             idle = self.recorded.idle - set(found.fp32_calls)  # those make FP32 islands: not theirs to drop
             if idle:
                 fp32 = tuple(i for i in fp32 if i not in idle)
@@ -593,8 +609,7 @@ class TuneSession:
                                   "it anyway")
             if not self.options.for_training:  # the trials' predicted weight dtypes, proven on this plan
                 self.lowered = self.evaluator.confirm_lowered(model, plan_for(self.options, found, fp32, other))
-        self._relabel(best, len(fp32))
-        return fp32, best.metric, best.n, other
+        return fp32, other
 
     def _relabel(self, trial: Trial, kept: int) -> None:
         """`trial`'s label and `kept` with the FP32 instances its plan records counted."""

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.utils._pytree import tree_flatten
 
 
 def map_tensors(x: Any, fn: Callable[[Tensor], Any]) -> Any:
@@ -208,3 +209,25 @@ def _shape(x: Any) -> str:
     if isinstance(x, Tensor):
         return f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}"
     return type(x).__name__
+
+
+def same_inputs(a: ModelInputs, b: ModelInputs) -> bool:
+    """Whether two calls' arguments are the same: one structure, and tensors of one dtype, shape, device and
+    values (other leaves equal, of one type)."""
+    left, left_spec = tree_flatten((a.args, dict(a.kwargs)))
+    right, right_spec = tree_flatten((b.args, dict(b.kwargs)))
+    if left_spec != right_spec:
+        return False
+    for x, y in zip(left, right, strict=True):
+        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dtype == y.dtype
+                    and x.shape == y.shape and x.device == y.device and torch.equal(x, y)):
+                return False
+        else:
+            try:
+                same = type(x) is type(y) and bool(x == y)
+            except Exception:  # noqa: BLE001 - a leaf that does not compare to a bool is not known the same
+                same = False
+            if not same:
+                return False
+    return True

@@ -38,6 +38,7 @@ from tuner.workspace.journal import Journal, RunFingerprint
 from tuner.workspace.keeper import ModelKeeper
 from tuner.workspace.manifest import Manifest
 from tuner.workspace.modelref import model_ref_for
+from tuner.workspace.reference import first_output_of
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,8 @@ def tune_into_folder(user: UserModel, options: TuneOptions, out: str | Path, *, 
         journal = SharedJournal(kept, ranks) if ranks.distributed else kept
         inputs = user.example_inputs if user.inputs_fn is not None else None
         session = TuneSession(user.build, user.evaluate, inputs, options, journal=journal, on_event=on_event,
-                              started=started, keeper=keeper, ranks=ranks)
+                              started=started, keeper=keeper, ranks=ranks,
+                              fp32_output=first_output_of(user.eval_fn))
         session.user_seconds += build_seconds
         if speed_warning and on_event is not None and ranks.is_main:  # before the search, not after it
             on_event(TuneEvent(EventKind.WARNING, RunWarning(speed_warning)))

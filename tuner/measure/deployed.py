@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from contextlib import AbstractContextManager
@@ -156,11 +157,85 @@ def observe(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> Observ
             hook.remove()
         tracker.remove()
         detach(model)
+    return _observation(recorder, output)
+
+
+def _observation(recorder: _Recorder, output: Any) -> Observation:
+    """What `recorder` saw of one forward, and its output."""
     # stored in the one 16-bit dtype every use casts it to; FP32 where two dtypes read it (a fallback chain)
     lowered = {name: next(iter(recorder.cast_to[name])) for name, found in recorder.uses.items()
                if all(cast for _, cast in found) and len(recorder.cast_to.get(name, ())) == 1}
     uses = {name: frozenset(found) for name, found in recorder.uses.items()}
     return Observation(lowered, recorder.gemms, output, uses, recorder.foreign, recorder.flops, recorder.nested)
+
+
+class FirstCall:
+    """Observes the first call of `model`'s forward inside a block where `plan` is attached already (a trial's
+    evaluate, the model lent as `tuner.load` builds it): the same record `observe` makes, with no forward of
+    its own. Only a call whose arguments are `inputs` (`same(args, kwargs)` says) is observed, and only the
+    first call is looked at, so the rest of the block runs unwatched. Unlike `observe`, nothing is seeded (the
+    block's random draws are its own) and grad mode is the block's: the record is for dtypes and FLOPs, which
+    neither changes. `close` ends it (removing its hooks) however the block ended; `seen` is the record, or
+    None when the first call was not on `inputs` or raised."""
+
+    def __init__(self, model: nn.Module, plan: Plan, same: Callable[[tuple, dict], bool]) -> None:
+        self.model, self.plan, self.same = model, plan, same
+        self.seen: Observation | None = None
+        self._recorder: _Recorder | None = None
+        self._tracker: ModuleTracker | None = None
+        self._handles = [model.register_forward_pre_hook(self._enter, with_kwargs=True),
+                         model.register_forward_hook(self._exit, always_call=True)]
+
+    def _enter(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._remove_hooks(keep_exit=True)
+        try:
+            same = self.same(args, kwargs)
+        except Exception:  # noqa: BLE001 - arguments that do not compare are not known to be the inputs
+            same = False
+        if not same:
+            self._remove_hooks()
+            return
+        params: dict[int, list[str]] = {}
+        for name, p in module.named_parameters(remove_duplicate=False):
+            key = _storage(p)
+            if key is not None and p.is_floating_point():
+                params.setdefault(key, []).append(name)
+        entered: list[Any] = []
+        tracker = ModuleTracker(module, on_enter=lambda m, path: entered[0](m, path))
+        lower = {self.plan.torch_dtype} | ({self.plan.fallback_dtype} if self.plan.fallback_dtype is not None
+                                            else set())
+        recorder = _Recorder(params, lower, tracker)
+        entered.append(recorder.entered)
+        tracker.install()
+        tracker.enter_module(module)  # the global pre-hook it installed comes after this call's
+        self._tracker, self._recorder = tracker, recorder
+        recorder.__enter__()
+
+    def _exit(self, module: nn.Module, args: tuple, output: Any) -> None:
+        raised = sys.exc_info()[0] is not None  # torch runs an always-called hook inside its `except` block
+        self._remove_hooks()
+        recorder, tracker = self._recorder, self._tracker
+        self._recorder = self._tracker = None
+        if recorder is None or tracker is None:
+            return
+        recorder.__exit__(None, None, None)
+        tracker.exit_module(module)
+        tracker.remove()
+        self.seen = None if raised else _observation(recorder, None)
+
+    def _remove_hooks(self, keep_exit: bool = False) -> None:
+        for handle in self._handles[:1] if keep_exit else self._handles:
+            handle.remove()
+
+    def close(self, failed: bool = False) -> None:
+        """Remove what is left (a block that never called the forward, or one whose forward raised: then
+        nothing is kept, `failed`)."""
+        self._remove_hooks()
+        if self._recorder is not None:  # the forward's exit hook did not run
+            self._exit(self.model, (), None)
+            self.seen = None
+        if failed:
+            self.seen = None
 
 
 def _name_gathered(model: nn.Module, params: dict[int, list[str]]) -> list[Any]:
@@ -264,7 +339,8 @@ Holding = Callable[[nn.Module, Mapping[str, torch.dtype]], AbstractContextManage
 def verify(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, lowered: Mapping[str, torch.dtype],
            claimed: Mapping[str, AbstractSet[torch.dtype]],
            tolerated: Mapping[str, AbstractSet[torch.dtype]], *, hold: Holding = stored_as,
-           share: float | None = None, by_dtype: Mapping[str, float] | None = None) -> Observation:
+           share: float | None = None, by_dtype: Mapping[str, float] | None = None,
+           seen: Observation | None = None) -> Observation:
     """The deployed forward (the model as the trials ran it: `lowered` stored lowered, the plan attached),
     after checking that its matmuls/convs ran in the dtypes the plan claims: `claimed` (module path -> the
     dtypes its matmul/conv ops computed in under the plan; `tolerated`: the dtypes of its other ops, whose
@@ -274,9 +350,11 @@ def verify(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, lowered: M
     ran matmuls on NestedTensors (an nn.TransformerEncoder that dropped its padding computes fewer FLOPs than the
     padded forward the report counts: a known difference, not a dtype one); and likewise for each 16-bit dtype's
     share in `by_dtype` (the report's, by short name: a fallback chain's plan runs two). `hold`: how
-    `lowered` is held (`Holding`)."""
-    with hold(model, lowered):
-        seen = observe(model, plan, inputs)
+    `lowered` is held (`Holding`). `seen`: that forward as observed already (`FirstCall`, in the evaluation
+    of this plan with `lowered` held: the same model on the same inputs), checked without one of its own."""
+    if seen is None:
+        with hold(model, lowered):
+            seen = observe(model, plan, inputs)
     problems = gemm_mismatches(seen.gemms, claimed, tolerated)
     if share is not None and not seen.nested and abs(seen.flop_share - share) > SHARE_TOLERANCE:
         problems.insert(0, f"the report says {share:.6%} of matmul/conv FLOPs ran in {plan.dtype}, "

@@ -29,7 +29,7 @@ from tuner.core.safetensors_write import FORMAT_DTYPES, Written, read_safetensor
 from tuner.core.sharding import Sharding
 from tuner.engine.attach import attach, check_plan_fits
 from tuner.engine.kind import EngineKind
-from tuner.measure.deployed import Holding, NotAsClaimed, stored_as, verify, weight_dtypes
+from tuner.measure.deployed import Holding, NotAsClaimed, Observation, stored_as, verify, weight_dtypes
 from tuner.measure.recorded import PlanRecord, record_plan
 from tuner.measure.shares import Shares
 from tuner.policy.plan import Plan
@@ -87,14 +87,15 @@ def plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, *,
 
 
 def verify_plan_pass(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, planned: PlanPass, *,
-                     hold: Holding = stored_as) -> Any:
+                     hold: Holding = stored_as, seen: Observation | None = None) -> Any:
     """The deployed forward's output (the model as the trials ran it), after checking that its matmuls/convs
     ran in the dtypes the plan claims and its share of them in the lower dtype is the report's
     (`tuner.measure.deployed.verify`: NotAsClaimed, an internal error naming the modules, when not). `hold`:
-    how the lowered parameters are held (`deployed.Holding`)."""
+    how the lowered parameters are held (`deployed.Holding`). `seen`: the forward as a trial's evaluation
+    observed it (`deployed.FirstCall`): checked with no forward of its own (the output is then None)."""
     return verify(model, plan, inputs, planned.lowered, planned.claimed, planned.tolerated, hold=hold,
                   share=planned.shares.flop_share,
-                  by_dtype=planned.shares.dtype_shares() if planned.shares.by_dtype else None).output
+                  by_dtype=planned.shares.dtype_shares() if planned.shares.by_dtype else None, seen=seen).output
 
 
 def check_checkpoint(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple, path: str | Path,

@@ -47,7 +47,9 @@ def measure_report(result: TuneResult, model: nn.Module, *, model_ref: ModelRef 
     lists = type_level(result.plan, model, inputs, recorded=result.recorded)  # (the tune's record of the plan)
     warnings = list(result.warnings)
     timing = _latency(model, result, inputs, device, warnings, decide) if latency else None
-    verify_plan_pass(model, result.plan, inputs, planned, hold=hold)  # what the report claims is what ran, and loads
+    seen = result.deployed if result.deployed is not None and planned.lowered == result.lowered else None
+    # what the report claims is what ran, and loads: seen in the evaluation that confirmed the plan, or a forward
+    verify_plan_pass(model, result.plan, inputs, planned, hold=hold, seen=seen)
     plan = dataclasses.replace(result.plan, model=model_ref)
     # the chosen trial's shares as measured under the final plan: the same numbers as the summary's
     trials = tuple(dataclasses.replace(t, shares=planned.shares) if t.n == result.chosen else t

@@ -95,17 +95,24 @@ class Candidates:
         return self.all_low.without(len(fp32), sum(self.flops[c] for c in fp32))
 
 
+FORWARD = object()  # `find_candidates(ref_out=)`: no FP32 output known; one forward gives it
+
+
 def find_candidates(model: nn.Module, inputs: ModelInputs, policy: Policy, dtype: torch.dtype,
-                    fp32_modules: Mapping[str, str], fp32_calls: tuple[OpInstance, ...] = ()) -> Candidates:
+                    fp32_modules: Mapping[str, str], fp32_calls: tuple[OpInstance, ...] = (), *,
+                    ref_out: Any = FORWARD) -> Candidates:
     """The op instances whose precision changes the numbers: one FP32 forward for the reference, one recorded
-    forward under `policy` with `fp32_modules` and the `fp32_calls` kept FP32.
+    forward under `policy` with `fp32_modules` and the `fp32_calls` kept FP32. `ref_out`: the FP32 model's
+    output on `inputs` where one was already computed (a built-in metric's reference pass on the same batch,
+    `FidelityEvaluate.first_output`), a copy no later forward can rewrite; no FP32 forward is run then.
 
     A module owning one of `fp32_calls` is an FP32 island in every plan (`tuner.engine.native`): all its own
     ops run FP32 once loaded, whatever the plan lists. So its own candidates are no choice: they join
     `fp32_calls` (every plan lists them, and mpt's engine then runs the island's ops as `tuner.load` does) and
     the forward is recorded again with them FP32, for the all-low shares and error."""
-    with torch.no_grad():
-        ref_out = detached_copy(call_forward(model, inputs))  # the next forward may rewrite what this one returned
+    if ref_out is FORWARD:
+        with torch.no_grad():
+            ref_out = detached_copy(call_forward(model, inputs))  # the next forward may rewrite what it returned
     islands = {c.module for c in fp32_calls}
     recorded = _recorded(model, inputs, policy, dtype, fp32_modules, fp32_calls)
     owned = tuple(c for c in recorded[0] if c.module in islands)

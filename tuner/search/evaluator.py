@@ -17,7 +17,7 @@ import contextlib
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -25,12 +25,13 @@ import torch
 from torch import nn
 
 from tuner.core.errors import OutOfMemory, UserCodeError, exc_line
-from tuner.core.inputs import ModelInputs, detached_copy, element_count
+from tuner.core.inputs import ModelInputs, detached_copy, element_count, same_inputs
 from tuner.core.loader import call_forward, raised_at, user_site
 from tuner.core.memory import find_out_of_memory, free_memory, out_of_memory
+from tuner.core.sharding import Sharding
 from tuner.engine.attach import attach, detach
 from tuner.engine.scaler import LossScaler, ScalerSummary, watching
-from tuner.measure.deployed import NotAsClaimed, observe, weight_dtypes
+from tuner.measure.deployed import FirstCall, NotAsClaimed, Observation, observe, weight_dtypes
 from tuner.measure.inspection import relative_error
 from tuner.measure.lowering import ParameterUses, parameter_uses, predictable, predicted_lowered, uses_of
 from tuner.measure.shares import Shares
@@ -173,6 +174,11 @@ class Evaluator:
         self._uses: ParameterUses | None | object = _UNOBSERVED  # for `lowered`'s prediction
         self._looked: tuple[Plan, Any, float] | None = None  # first_look's plan, output and seconds
         self._seen: tuple[Plan, dict[str, torch.dtype]] | None = None  # first_look's plan and what it lowered
+        # the plan whose next evaluation has its first forward observed (`FirstCall`: the all-low trial's,
+        # the plan written whenever it passes), and what that observation saw: the plan, the parameters held
+        # lowered, the Observation (`deployed_seen`)
+        self.watch: Plan | None = None
+        self._watched: tuple[Plan, dict[str, torch.dtype], Observation] | None = None
         # calls every plan keeps FP32 (Candidates.fp32_calls): no choice of the search, so not in a trial's fp32
         self.kept: frozenset[OpInstance] = frozenset()
         self.forward_s = 0.0  # the seconds of output_error's last forward
@@ -316,7 +322,7 @@ class Evaluator:
                 draws.start()
             scalers: list[LossScaler] = []  # the tuner.LossScalers evaluate makes (`ScalerSummary`)
             try:
-                with self._deployed(model, plan), watching() as scalers:
+                with self._deployed(model, plan), watching() as scalers, self._observed(model, plan, lowered):
                     metric = _to_float(self._evaluate(model))
             except Exception as exc:
                 if find_out_of_memory(exc) is not None:
@@ -384,6 +390,38 @@ class Evaluator:
             yield model
         finally:
             detach(model)
+
+    @contextlib.contextmanager
+    def _observed(self, model: nn.Module, plan: Plan | None,
+                  lowered: dict[str, torch.dtype] | None) -> Iterator[None]:
+        """Observe the first forward of `plan`'s evaluation when it is the plan to watch (`watch`) and that
+        forward runs on the example inputs: the report's verifying forward, seen in the evaluation itself (the
+        model as `tuner.load` builds it, `lowered` held lowered), at the cost of watching one forward. Not
+        under torchrun, nor on a sharded model (its gathered parameters are named by `observe` alone)."""
+        inputs = self.inputs
+        if plan is None or plan != self.watch or inputs is None or self.ranks.distributed \
+                or Sharding.of(model).sharded:
+            yield
+            return
+        self.watch = None
+        call = FirstCall(model, plan, lambda args, kwargs: same_inputs(ModelInputs(tuple(args), dict(kwargs)),
+                                                                        inputs))
+        ended = False
+        try:
+            yield
+            ended = True
+        finally:
+            call.close(failed=not ended)
+        if call.seen is not None:
+            self._watched = (plan, dict(lowered or {}), call.seen)
+
+    def deployed_seen(self, plan: Plan, lowered: Mapping[str, torch.dtype] | None) -> Observation | None:
+        """The observed first forward of an evaluation of `plan` with `lowered` held lowered (`_observed`);
+        None when no evaluation of it was observed so (the report then runs that forward)."""
+        watched = self._watched
+        if watched is None or lowered is None or watched[0] != plan or watched[1] != dict(lowered):
+            return None
+        return watched[2]
 
     def first_look(self, plan: Plan, inputs: ModelInputs) -> bool:
         """One observed forward (`tuner.measure.deployed.observe`) of `plan`, every eligible op low (no FP32

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from tuner.engine.scaler import ScalerSummary
+from tuner.measure.deployed import Observation
 from tuner.measure.recorded import PlanRecord
 from tuner.measure.shares import Shares
 from tuner.options.tune import RankMethod, TuneOptions
@@ -194,6 +195,9 @@ class TuneResult:
     # the labels whose score is the ranking's first-order estimate; the others were measured with that op alone
     # in the lower dtype, its inputs as it receives them (tuner.measure.ranking.rank_exact)
     estimated: frozenset[str] = frozenset()
+    # the deployed forward of the written plan, observed in the evaluation that confirmed it (its first forward,
+    # on the example inputs, with `lowered` held lowered: `deployed.FirstCall`); None: the report runs one
+    deployed: Observation | None = None
 
     def __repr__(self) -> str:
         """One line a notebook can show: the outcome, not every trial and the example inputs' tensors."""

@@ -36,7 +36,7 @@ from tuner.policy.plan import OpInstance, Plan
 from tuner.policy.presets import load_preset
 from tuner.search.budget import FULL, MAX_PROBES, AidLimits, aid_limits
 from tuner.search.builtin_metric import builtin_evaluate
-from tuner.search.candidates import Candidates, find_candidates
+from tuner.search.candidates import FORWARD, Candidates, find_candidates
 from tuner.search.changes import Change
 from tuner.search.distributed import Ranks, SharedJournal
 from tuner.search.evaluator import Bounds, Evaluator
@@ -60,6 +60,7 @@ from tuner.search.strategy import PrecisionSearch, Probe, SearchOutcome, SearchS
 from tuner.search.trials import SearchTrials, best_trial
 from tuner.workspace.journal import Journal
 from tuner.workspace.keeper import ModelKeeper
+from tuner.workspace.reference import first_output_of
 
 Scores = Mapping[OpInstance, float]
 LowForward = tuple[float | None, float]  # the all-low plan's output error on the example inputs, and seconds
@@ -88,8 +89,12 @@ class TuneSession:
                  example_inputs: Callable[[], Any] | Any, options: TuneOptions, *,
                  journal: Journal | SharedJournal | None = None,
                  on_event: Callable[[TuneEvent], None] | None = None, started: float | None = None,
-                 keeper: ModelKeeper | None = None, ranks: Ranks | None = None) -> None:
+                 keeper: ModelKeeper | None = None, ranks: Ranks | None = None,
+                 fp32_output: Callable[[ModelInputs], Any] | None = None) -> None:
         self.options = options
+        # the FP32 output on the example inputs where evaluate already computed it (a built-in metric's
+        # reference pass: `FidelityEvaluate.first_output`), else None; the candidates phase runs no FP32 forward
+        self.fp32_output = fp32_output
         self.dtype = parse_dtype(options.dtype)
         self.policy = load_preset(options.preset)  # type: ignore[arg-type]
         self.inputs_source = example_inputs
@@ -315,8 +320,10 @@ class TuneSession:
             self.notes.append(f"the model's own ops (its forward outside any submodule) stay FP32, its submodules "
                               f"keep the plan: torch.autocast cannot run {calls} in {self.options.dtype} on this "
                               f"machine ({fixes.root_reason})")
+        known = self.fp32_output(inputs) if self.fp32_output is not None else None
         with self.keeper.borrowed(light=True) as model:  # what it finds steers; the all-low trial compares first
-            found = find_candidates(model, inputs, self.policy, self.dtype, fixes.modules, fixes.root_calls)
+            found = find_candidates(model, inputs, self.policy, self.dtype, fixes.modules, fixes.root_calls,
+                                    ref_out=FORWARD if known is None else known)
         self.evaluator.kept = frozenset(found.fp32_calls)
         self.emit(TuneEvent(EventKind.CANDIDATES, CandidatesFound(len(found), self.options.dtype,
                                                                   str(self.options.preset), found.all_low_error)))
@@ -329,13 +336,18 @@ class TuneSession:
         where the trial is always evaluated (a forward would have to run on every rank together)."""
         if not found.instances or self.ranks.distributed:
             return trials.probe(frozenset(), {}), None
-        error = self.evaluator.output_error(plan_for(self.options, found, ()), found.ref_out)
+        plan = plan_for(self.options, found, ())
+        error = self.evaluator.output_error(plan, found.ref_out)
         low = (error, self.evaluator.forward_s)
         if error == math.inf:
             self.notes.append(f"with everything eligible in {self.options.dtype} the output overflows on the "
                               "example inputs (inf or NaN); that plan was not evaluated")
             return Probe(False, math.inf), low
-        return trials.probe(frozenset(), {}), low
+        self.evaluator.watch = plan  # written whenever it passes: its evaluation's first forward is the report's
+        try:
+            return trials.probe(frozenset(), {}), low
+        finally:
+            self.evaluator.watch = None
 
     def range_recorder(self, found: Candidates, low: LowForward | None) -> RangeRecorder | None:
         """The range rule's recorder when the rule runs: under fp16, or any dtype whose all-low output overflowed;
@@ -679,6 +691,7 @@ class TuneSession:
                                  "evaluations": ev.evals, "candidates": len(candidates),
                                  "status": status.value, "stopped": stopped.value if stopped else None})
         shown, estimated = self.shown_scores(found, scores, fp32, stopped)
+        deployed = self.evaluator.deployed_seen(plan_for(opts, found, fp32, other), lowered)
         notes, warnings = list(self.notes), [*ev.warnings, *self.warnings]
         coarse = coarse_metric_note([t.metric for t in ev.trials if t.metric is not None],
                                     abs(base.value - accept.target), _known_step(ev.evaluate_fn),
@@ -700,7 +713,7 @@ class TuneSession:
                           seconds=time.monotonic() - self.started, eval_seconds=ev.eval_seconds,
                           user_seconds=self.user_seconds, inputs=inputs, warnings=warnings,
                           noise=self.noise(base), rebuilds=self.keeper.rebuilds, chosen=chosen_n, lowered=lowered,
-                          recorded=self.recorded, phases=self.clock)
+                          recorded=self.recorded, phases=self.clock, deployed=deployed)
 
 
 def _seed_verdicts(trial: Trial, accept: Acceptance) -> str | None:
@@ -756,7 +769,8 @@ def tune(build: Callable[[], nn.Module] | nn.Module, evaluate: Callable[[nn.Modu
         raise TypeError("tune(): give evaluate, or metric= (agreement, cosine, kl, rel-error, perplexity, loss) "
                         "with data= or example_inputs")
     session = TuneSession(build, evaluate, example_inputs, options, journal=journal,
-                          on_event=on_event, started=time.monotonic() if started is None else started)
+                          on_event=on_event, started=time.monotonic() if started is None else started,
+                          fp32_output=first_output_of(evaluate))
     return session.run()
 
 

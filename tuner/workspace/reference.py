@@ -28,7 +28,7 @@ import torch
 
 from tuner.core.calibration import Calibration
 from tuner.core.fingerprint import sha256_file
-from tuner.core.inputs import ModelInputs
+from tuner.core.inputs import ModelInputs, detached_copy, same_inputs
 from tuner.core.loader import call_forward
 from tuner.core.output_files import REFERENCE_NAME
 from tuner.core.safetensors_write import FORMAT_DTYPES, encode_header
@@ -38,7 +38,7 @@ from tuner.measure.fidelity import Metric, MetricSum, reference_of, select_outpu
 from tuner.measure.output_meaning import Frame, frame_of
 from tuner.workspace.manifest import Manifest
 
-__all__ = ["FidelityEvaluate", "write_streamed", "read_key"]
+__all__ = ["FidelityEvaluate", "first_output_of", "write_streamed", "read_key"]
 
 
 def write_streamed(path: Path, tensors: Iterator[tuple[str, torch.Tensor]], metadata: dict[str, str]) -> None:
@@ -121,6 +121,10 @@ class FidelityEvaluate:
         self.held: list[torch.Tensor] | None = None  # the reference, batch by batch, on the device
         self.builds = 0  # FP32 models built for the reference (0 when the baseline's model gave it)
         self.metric_step: float | None = None  # the least change of a discrete metric, once it has run
+        # the FP32 model's whole output on the first batch, kept from the baseline's reference pass until the
+        # search takes it (`first_output`): its candidates' FP32 forward on those same inputs, not run again
+        self._first: tuple[ModelInputs, Any] | None = None
+        self.keep_first = False  # whether to keep it: a tune asks (`first_output_of`), `mpt check` does not
 
     def describe(self) -> str:
         return f"{self.metric.value} of {self.output or 'the output'} against FP32 on {self.data.describe}"
@@ -131,10 +135,15 @@ class FidelityEvaluate:
             return Path(self._temp.name) / REFERENCE_NAME
         return self.folder / REFERENCE_NAME
 
-    def _forward(self, model: torch.nn.Module, batch: ModelInputs) -> tuple[torch.Tensor, Frame]:
-        """The compared output of `model` on `batch`, and what its positions mean (`frame_of`)."""
+    def _forward(self, model: torch.nn.Module, batch: ModelInputs,
+                 keep: bool = False) -> tuple[torch.Tensor, Frame]:
+        """The compared output of `model` on `batch`, and what its positions mean (`frame_of`). `keep`: the
+        whole output is also kept for `first_output` (a copy no later forward can rewrite)."""
+        batch = batch.to(self.device)
         with torch.no_grad():
-            out = call_forward(model, batch.to(self.device), what="forward on a calibration batch")
+            out = call_forward(model, batch, what="forward on a calibration batch")
+        if keep:
+            self._first = (batch, detached_copy(out))
         y = select_output(out, self.output)
         return y, frame_of(y, batch, model, output=self.output, loss=self.metric.scores_tokens)
 
@@ -145,13 +154,15 @@ class FidelityEvaluate:
         """The reference, from `model` (the FP32 model as built) or a model built for it, each batch also
         scored into `total` (the FP32 model against itself: the baseline's value); kept on the device while it
         fits `memory_budget`, else streamed to the file (`_write`)."""
+        own = model is not None
         if model is None:
             model = self.build().to(self.device).eval()  # the FP32 model, built once more, dropped when done
             self.builds += 1
-        budget, kept, size = memory_budget(self.device), [], 0
+        kept: list[torch.Tensor] = []
+        budget, size = memory_budget(self.device), 0
 
         for batch in self.data.batches():
-            y, frame = self._forward(model, batch)
+            y, frame = self._forward(model, batch, keep=own and self.keep_first and not kept)
             ref = reference_of(self.metric, y, frame)
             total.add(y, frame, ref)
             del y
@@ -202,6 +213,16 @@ class FidelityEvaluate:
             return self._value(total)
         return self._from_held(model) if self.held is not None else self._from_file(path, model)
 
+    def first_output(self, inputs: ModelInputs) -> Any | None:
+        """The FP32 model's output on `inputs` when they are the first calibration batch and the baseline's
+        reference pass ran the model as built on it (what `call_forward` under no_grad gave there: the search's
+        FP32 reference forward on its example inputs, which are that batch, would give the same); None
+        otherwise. Given once: the caller keeps it, and the memory is not held twice."""
+        found, self._first = self._first, None
+        if found is None or not same_inputs(found[0], inputs):
+            return None
+        return found[1]
+
     def _value(self, total: MetricSum) -> float:
         self.metric_step = total.step()
         return total.value()
@@ -225,3 +246,14 @@ class FidelityEvaluate:
                     break
                 self._score(total, model, batch, fh.get_tensor(f"batch.{i}"))
         return self._value(total)
+
+
+def first_output_of(evaluate: Any) -> Callable[[ModelInputs], Any] | None:
+    """`evaluate.first_output` when `evaluate` is a built-in metric's (which then keeps the FP32 output of its
+    first batch from the baseline's reference pass for it), else None: a tune's FP32 reference forward on its
+    example inputs, where that batch is them, costs nothing then."""
+    if not isinstance(evaluate, FidelityEvaluate):
+        return None
+    evaluate.keep_first = True
+    return evaluate.first_output
+

@@ -193,3 +193,27 @@ def test_the_weights_digest_reads_no_weight_byte_and_is_the_model_as_built(monke
     with keeper.borrowed() as model:
         model[0] = nn.Linear(4, 4)  # swapped (other weights): rebuilt after the loan, the digest unchanged
     assert keeper.rebuilds == 1 and keeper.weights_digest == digest
+
+
+def test_a_mapped_weights_lowered_copy_is_not_read_again_after_holding_it(tmp_path, monkeypatch):
+    """The checksum a lowered copy of a file-mapped weight got when it was made is the keeper's record of it:
+    holding it reads none of its bytes a second time (GPT-2 774M: 1.5 GB), and the record is what a full
+    capture of the model gives."""
+    from tuner.core import fingerprint
+
+    torch.save(build().state_dict(), tmp_path / "w.pt")
+
+    def mapped() -> nn.Module:
+        m = build()
+        m.load_state_dict(torch.load(tmp_path / "w.pt", mmap=True), assign=True)
+        return m
+
+    keeper = ModelKeeper(mapped)
+    read: list[torch.dtype] = []
+    real = fingerprint._tensor_checksum
+    monkeypatch.setattr(fingerprint, "_tensor_checksum", lambda t: read.append(t.dtype) or real(t))
+    lowered = {n: torch.bfloat16 for n, _ in keeper.modules.named_parameters()}
+    with keeper.borrowed(lowered=lowered) as model:
+        assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+        assert read.count(torch.bfloat16) == len(lowered)  # each copy read once so far: when it was made
+    assert keeper._expected == fingerprint.ModelState.capture(keeper.modules)

@@ -20,7 +20,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,10 +149,11 @@ Checksums = tuple[tuple[str, torch.dtype, tuple[int, ...], int], ...]
 
 
 def tensor_checksums(model: nn.Module, *, since: Checksums | None = None,
-                     changed: Collection[torch.Tensor] = ()) -> Checksums:
+                     changed: Collection[torch.Tensor] = (), known: Mapping[int, int] | None = None) -> Checksums:
     """(name, dtype, shape, checksum) of every tensor of the state dict. With `since` (this model's checksums
     at an earlier look), only the tensors in `changed` (by identity) and the entries that do not line up are
-    read again: the caller knows that nothing else was touched in between.
+    read again: the caller knows that nothing else was touched in between. `known`: id(tensor) -> its
+    checksum, taken by the caller of the bytes it holds now (a lowered copy's: `held.HeldLowered`), not read.
 
     The checksums are reduced on each tensor's device and come to the host together, one small tensor per
     device (`_on_host`): a model on a GPU costs a few kernel launches per tensor and one copy of 8 bytes
@@ -166,6 +167,8 @@ def tensor_checksums(model: nn.Module, *, since: Checksums | None = None,
         before = old.get(name)
         if before is not None and id(t) not in ids and before[1:3] == (t.dtype, tuple(t.shape)):
             out.append(before)
+        elif known is not None and id(t) in known:
+            out.append((name, t.dtype, tuple(t.shape), known[id(t)]))
         else:
             out.append((name, t.dtype, tuple(t.shape), _tensor_checksum(t)))
     values = _on_host([entry[3] for entry in out])
@@ -215,8 +218,9 @@ class ModelState:
 
     @classmethod
     def capture(cls, model: nn.Module, *, since: ModelState | None = None,
-                changed: Collection[torch.Tensor] = ()) -> ModelState:
+                changed: Collection[torch.Tensor] = (), known: Mapping[int, int] | None = None) -> ModelState:
         """`since`: the model's state at an earlier look, where only `changed` tensors were written after it
-        (mpt's own lowering, `tuner.measure.held`): their bytes alone are read again."""
+        (mpt's own lowering, `tuner.measure.held`): their bytes alone are read again, but for those whose
+        checksums are `known` (`tensor_checksums`)."""
         return cls(_object_graph(model), tensor_checksums(model, since=None if since is None else since.weights,
-                                                              changed=changed))
+                                                              changed=changed, known=known))

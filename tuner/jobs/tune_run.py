@@ -125,8 +125,10 @@ def tune_into_folder(user: UserModel, options: TuneOptions, out: str | Path, *, 
             return TuneRun(result, path, None)
         ref = _model_ref(user, folder, keeper, specs, options)
         withdraw_plan(folder.path)  # an interrupt while measuring leaves no plan.yaml, as one while writing
-        report = measure_report(result, keeper.model, model_ref=ref, device=options.device, latency=latency,
-                                hold=keeper.holding)  # the lowered weights packed once for verifying and writing
+        # the module tree, its weights as the last trial held them: put back to FP32 (`as_built`) only for a
+        # forward that needs them, so the lowered weights stay held (or are packed once) for verifying and writing
+        report = measure_report(result, keeper.checked, model_ref=ref, device=options.device, latency=latency,
+                                hold=keeper.holding, as_built=lambda: keeper.model)
         report = write_outputs(result, report, folder.path, model=keeper.modules, hold=keeper.holding)
         if saved is not None:
             save_pretrained_folder(keeper.model, user.path, folder.path, saved, replace=resume or overwrite)
@@ -152,7 +154,7 @@ def _model_ref(user: UserModel, folder: OutputFolder, keeper: ModelKeeper, specs
     given = dict(specs or {})
     fidelity = {k: getattr(options, k) for k in FIDELITY_KEYS} if options.metric is not None else None
     return model_ref_for(user, folder.path, build=given.get("build"), eval=given.get("eval"),
-                         inputs=given.get("inputs"), model=keeper.model, weights=keeper.weights_digest,
+                         inputs=given.get("inputs"), model=keeper.modules, weights=keeper.weights_digest,
                          fidelity=fidelity)
 
 

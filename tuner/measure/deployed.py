@@ -188,8 +188,8 @@ class FirstCall:
 
     def _enter(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         self._remove_hooks(keep_exit=True)
-        try:
-            same = self.same(args, kwargs)
+        try:  # (a forward a compiler traces is not watched: a dispatch mode entered there would break its graph)
+            same = not torch.compiler.is_compiling() and self.same(args, kwargs)
         except Exception:  # noqa: BLE001 - arguments that do not compare are not known to be the inputs
             same = False
         if not same:

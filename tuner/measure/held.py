@@ -143,6 +143,18 @@ class HeldLowered:
                 changed.append(p)
         return changed
 
+    def known_checksums(self, model: nn.Module) -> dict[int, int]:
+        """id(parameter) -> the checksum of its bytes (`fingerprint.tensor_checksum`), for the parameters held
+        in a lowered copy now: computed when the copy was made or last checked, so a capture of the model
+        right after `match` reads none of those bytes again."""
+        known = {}
+        for name, p in model.named_parameters():
+            copy = self._copies.get(name)
+            if copy is not None and name in self._held and p.dtype == copy.dtype \
+                    and p.data_ptr() == copy.low.data_ptr():
+                known[id(p)] = copy.checksum
+        return known
+
     def release(self) -> bool:
         """Every FP32 tensor back, bit for bit; True when anything was held."""
         held = bool(self._held)

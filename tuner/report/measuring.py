@@ -29,7 +29,7 @@ from tuner.search.results import TuneResult, TuneStatus
 
 def measure_report(result: TuneResult, model: nn.Module, *, model_ref: ModelRef | None = None, device: str = "cpu",
                    latency: bool = True, decide: Callable[[bool], bool] | None = None,
-                   hold: Holding = stored_as) -> TuneReport:
+                   hold: Holding = stored_as, as_built: Callable[[], nn.Module] | None = None) -> TuneReport:
     """The TuneReport of `result`'s plan on `model` (see the module docstring); nothing is written.
 
     `model_ref` is the model the plan was made for, recorded in the plan.
@@ -38,15 +38,20 @@ def measure_report(result: TuneResult, model: nn.Module, *, model_ref: ModelRef 
     decision broadcast, so the timing stops on every rank at once (`compare_latency`). `hold`: how the
     verifying forward holds the lowered parameters (`deployed.Holding`); it runs after the timing, which
     needs the FP32 weights, so a holding that stays (the tune's keeper) is packed once for it and the checkpoint.
+    `as_built`: `model` with its FP32 weights (the keeper's `model`, which puts back what it holds lowered),
+    asked for only by a forward that needs them; default `model` itself. So a report whose forwards the tune
+    ran already (the all-low plan's) leaves the trials' lowered weights held for the checkpoint.
     """
     t0 = time.monotonic()
     inputs = ModelInputs() if result.inputs is None else ModelInputs.of(result.inputs)
-    planned = plan_pass(model, result.plan, inputs, lowered=result.lowered, recorded=result.recorded)
+    fp32 = as_built or (lambda: model)
+    planned = plan_pass(fp32() if result.lowered is None or result.recorded is None else model, result.plan, inputs,
+                        lowered=result.lowered, recorded=result.recorded)
     # the list files' plan, and what it costs where it is not this one: recorded while the model holds its FP32
     # weights (the verify below may leave them held lowered, which a recorded forward of another plan cannot run)
-    lists = type_level(result.plan, model, inputs, recorded=result.recorded)  # (the tune's record of the plan)
+    lists = type_level(result.plan, fp32, inputs, recorded=result.recorded)  # (the tune's record of the plan)
     warnings = list(result.warnings)
-    timing = _latency(model, result, inputs, device, warnings, decide) if latency else None
+    timing = _latency(fp32, result, inputs, device, warnings, decide) if latency else None
     seen = result.deployed if result.deployed is not None and planned.lowered == result.lowered else None
     # what the report claims is what ran, and loads: seen in the evaluation that confirmed the plan, or a forward
     verify_plan_pass(model, result.plan, inputs, planned, hold=hold, seen=seen)
@@ -91,7 +96,7 @@ def _forward_seconds(result: TuneResult, inputs: ModelInputs) -> tuple[float, fl
     return base.seconds / times, times, base.seconds
 
 
-def _latency(model: nn.Module, result: TuneResult, inputs: ModelInputs, device: str,
+def _latency(fp32: Callable[[], nn.Module], result: TuneResult, inputs: ModelInputs, device: str,
              warnings: list[str], decide: Callable[[bool], bool] | None = None) -> Latency | None:
     """compare_latency for the report, and the warnings it calls for (None when the tuned model raised)."""
     budget = max(LATENCY_SECONDS, LATENCY_SHARE * result.eval_seconds)
@@ -108,7 +113,7 @@ def _latency(model: nn.Module, result: TuneResult, inputs: ModelInputs, device: 
                         "time it on your own data, or pass --no-latency")
         return None
     try:
-        timing = compare_latency(model, result.plan, inputs, device=device, budget=budget, decide=decide)
+        timing = compare_latency(fp32(), result.plan, inputs, device=device, budget=budget, decide=decide)
     except TooSlowToTime as slow:
         warnings.append(f"the tuned model was not timed: {slow} (at most {LATENCY_SHARE:.0%} of the time spent "
                         f"in evaluate, or {LATENCY_SECONDS:g} s); time it on your own data, or pass --no-latency")

@@ -14,6 +14,7 @@ other 16-bit dtype) is beyond them, so the lists keep those op types FP32 and sa
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch import nn
@@ -82,24 +83,30 @@ def lists_plan(plan: Plan, types: frozenset[str]) -> Plan:
                 model=plan.model, for_training=plan.for_training)  # no fallback: one lower dtype per run
 
 
-def type_level(plan: Plan, model: nn.Module | None = None, inputs: ModelInputs | None = None, *,
-               recorded: PlanRecord | None = None) -> TypeLevel:
+def _fp32(model: nn.Module | Callable[[], nn.Module]) -> nn.Module:
+    """The model with its FP32 weights: `model`, or what the function `model` gives."""
+    return model if isinstance(model, nn.Module) else model()
+
+
+def type_level(plan: Plan, model: nn.Module | Callable[[], nn.Module] | None = None,
+               inputs: ModelInputs | None = None, *, recorded: PlanRecord | None = None) -> TypeLevel:
     """The plan as op-type lists; with `model` and `inputs`, which types the lists cost and how much share,
     from one recorded forward of each plan (no grad; the model is left as it was). `recorded`: the plan's own
     recorded forward when the tune already ran it (`TuneResult.recorded`): then only the lists' plan is
-    recorded, and only when it differs (some type is mixed), so the report runs no forward the search ran."""
+    recorded, and only when it differs (some type is mixed), so the report runs no forward the search ran.
+    `model` may be a function giving the model with its FP32 weights, called only for such a forward."""
     other = tuple(sorted({i.op for i in plan.fallback_instances}))  # one lower dtype per run: FP32 in the lists
     types = frozenset(i.op for i in plan.fp32_instances) | set(other)
     listed = lists_plan(plan, types)
     policy = listed.policy()
     if model is None or inputs is None or not (inputs.args or inputs.kwargs):
         return TypeLevel(listed, policy.lower, policy.fp32, fallback=other)
-    own = record_plan(model, plan, inputs) if recorded is None else recorded
+    own = record_plan(_fp32(model), plan, inputs) if recorded is None else recorded
     mixed = tuple(sorted(frozenset(i.op for i in plan.fp32_instances) & own.low_ops))
     if not mixed and not other:
         return TypeLevel(listed, policy.lower, policy.fp32, mixed, own.shares, own.shares)
     try:
-        shares = record_plan(model, listed, inputs).shares
+        shares = record_plan(_fp32(model), listed, inputs).shares
     except Exception as exc:  # noqa: BLE001  (a plan the lists make can break the model's own code: a finding)
         return TypeLevel(listed, policy.lower, policy.fp32, mixed, own.shares, None, exc_line(exc, 200), other)
     return TypeLevel(listed, policy.lower, policy.fp32, mixed, own.shares, shares, fallback=other)

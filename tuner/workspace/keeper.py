@@ -64,6 +64,15 @@ class ModelKeeper:
         return self._model  # type: ignore[return-value]
 
     @property
+    def checked(self) -> nn.Module:
+        """The model as it is now, any parameters held lowered left so, its bytes compared first when a light
+        loan left them unread (rebuilt if that loan changed them): for the outputs, which hold what the last
+        trial held, and need the FP32 weights only for a forward of their own (`model` then)."""
+        self._lent()
+        self._settle()
+        return self._lent()
+
+    @property
     def modules(self) -> nn.Module:
         """The model, for its module tree alone (paths, classes): its parameters may be held lowered now."""
         return self._lent()
@@ -84,7 +93,8 @@ class ModelKeeper:
             self._settle()  # a light loan wrote a weight about to be repacked: compare all, rebuild
         changed = [] if self._model is None else self._held.match(self._model, lowered)
         if changed:
-            self._expected = (ModelState.capture(self._lent(), since=self._expected, changed=changed)
+            self._expected = (ModelState.capture(self._lent(), since=self._expected, changed=changed,
+                                                 known=self._held.known_checksums(self._lent()))
                               if self._held.dtypes else self._as_built)
 
     def _written(self, lowered: Mapping[str, torch.dtype]) -> bool:

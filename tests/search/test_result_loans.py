@@ -14,10 +14,10 @@ def test_the_result_phase_reads_the_weights_once(monkeypatch):
     inside = [False]
     capture, result = ModelState.capture.__func__, TuneSession.result
 
-    def counted(cls, model, *, since=None, changed=()):
+    def counted(cls, model, *, since=None, changed=(), known=None):
         if inside[0] and since is None:
             full.append(1)
-        return capture(cls, model, since=since, changed=changed)
+        return capture(cls, model, since=since, changed=changed, known=known)
 
     def timed(self, *args, **kwargs):
         inside[0] = True
@@ -88,10 +88,10 @@ def test_a_tune_that_writes_the_all_low_plan_runs_no_forward_in_its_result_phase
         with torch.no_grad():
             return float(model(x).abs().mean()) + 1.0
 
-    def counted(cls, model, *, since=None, changed=()):
+    def counted(cls, model, *, since=None, changed=(), known=None):
         if inside[0] and since is None:
             full.append(1)
-        return capture(cls, model, since=since, changed=changed)
+        return capture(cls, model, since=since, changed=changed, known=known)
 
     def timed(self, *args, **kwargs):
         inside[0] = True

@@ -84,3 +84,36 @@ def test_verify_checks_a_forward_seen_already_without_running_one():
     assert calls == []
     with pytest.raises(NotAsClaimed, match=r"\(root\): matmuls/convs ran in float32, the plan claims bfloat16"):
         verify(model, PLAN, (X,), {}, {**claimed, "": {BF16}}, {}, seen=watch.seen)
+
+
+class Refines(nn.Module):
+    """A forward that calls the model again on its own output (a refinement step)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 8)
+
+    def forward(self, x, again=True):
+        y = self.a(x)
+        if again:
+            y = self(y, again=False)
+        return self.head(y)
+
+
+def test_a_forward_that_calls_the_model_again_is_watched_to_its_own_end():
+    model = Refines().eval()
+    expected = observe(model, Plan(), (X,))
+    inputs = ModelInputs.of((X,))
+    attach(model, Plan())
+    watch = FirstCall(model, Plan(), lambda a, k: same_inputs(ModelInputs(tuple(a), dict(k)), inputs))
+    try:
+        with torch.no_grad():
+            model(X)
+    finally:
+        watch.close()
+        detach(model)
+    assert watch.seen is not None and watch.seen.flops == expected.flops  # the inner call's matmuls counted too
+    assert watch.seen.gemms == expected.gemms
+    assert not model._forward_pre_hooks and not model._forward_hooks

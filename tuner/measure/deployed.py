@@ -183,11 +183,14 @@ class FirstCall:
         self.seen: Observation | None = None
         self._recorder: _Recorder | None = None
         self._tracker: ModuleTracker | None = None
+        self._depth = 0  # calls of the root inside the watched one (a forward that calls itself)
         self._handles = [model.register_forward_pre_hook(self._enter, with_kwargs=True),
                          model.register_forward_hook(self._exit, always_call=True)]
 
     def _enter(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        self._remove_hooks(keep_exit=True)
+        if self._recorder is not None:  # the watched forward calls the model again: part of it
+            self._depth += 1
+            return
         try:  # (a forward a compiler traces is not watched: a dispatch mode entered there would break its graph)
             same = not torch.compiler.is_compiling() and self.same(args, kwargs)
         except Exception:  # noqa: BLE001 - arguments that do not compare are not known to be the inputs
@@ -212,28 +215,33 @@ class FirstCall:
         recorder.__enter__()
 
     def _exit(self, module: nn.Module, args: tuple, output: Any) -> None:
-        raised = sys.exc_info()[0] is not None  # torch runs an always-called hook inside its `except` block
+        if self._depth:  # a call inside the watched one ends
+            self._depth -= 1
+            return
+        self._finish(keep=sys.exc_info()[0] is None)  # (torch runs an always-called hook in its `except` block)
+
+    def _finish(self, keep: bool) -> None:
+        """End the watch: hooks removed, the record kept as `seen` when `keep` (the watched forward returned)."""
         self._remove_hooks()
         recorder, tracker = self._recorder, self._tracker
         self._recorder = self._tracker = None
         if recorder is None or tracker is None:
             return
         recorder.__exit__(None, None, None)
-        tracker.exit_module(module)
+        tracker.exit_module(self.model)
         tracker.remove()
-        self.seen = None if raised else _observation(recorder, None)
+        self.seen = _observation(recorder, None) if keep else None
 
-    def _remove_hooks(self, keep_exit: bool = False) -> None:
-        for handle in self._handles[:1] if keep_exit else self._handles:
+    def _remove_hooks(self) -> None:
+        for handle in self._handles:
             handle.remove()
 
     def close(self, failed: bool = False) -> None:
         """Remove what is left (a block that never called the forward, or one whose forward raised: then
         nothing is kept, `failed`)."""
+        if self._recorder is not None:  # the watched forward never returned through its hook
+            self._finish(keep=False)
         self._remove_hooks()
-        if self._recorder is not None:  # the forward's exit hook did not run
-            self._exit(self.model, (), None)
-            self.seen = None
         if failed:
             self.seen = None
 

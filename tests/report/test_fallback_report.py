@@ -40,6 +40,15 @@ def test_report_json_and_md_give_each_dtypes_share(tuned):
     assert "take one lower dtype per run" in md and "points lost" in md
 
 
+def test_search_html_lists_each_fallback_instance_and_why_as_report_md_does(tuned):
+    out, result, report, md = tuned
+    page = (out / "search.html").read_text()
+    assert "bf16 op instances, the first fallback" in page and "<dt>in 16-bit</dt>" in page
+    for label in report["fallback_instances"]:
+        assert f"<code>{label}</code>" in page and f"`{label}`" in md
+    assert page.count("confirmed it in bf16") + page.count("so it runs there") == len(report["fallback_instances"])
+
+
 def test_the_checkpoint_load_and_autocast_run_the_plan_as_tuned(tuned):
     out, result, _, _ = tuned
     loaded = tuner.load(fp16_chains.build_geglu(), out)

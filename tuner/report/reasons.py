@@ -193,17 +193,14 @@ def _model_name(file: str, out: Path | None) -> str:
     return HF_PREFIX + "/".join(p for p in Path(os.path.normpath(folder)).parts[-2:] if p not in ("..", ".", "/"))
 
 
-def fallback_lines(result: TuneResult, report: TuneReport) -> list[str]:
-    """report.md's block on the op instances a fallback chain runs in its other 16-bit dtype, and why: the
-    range rule's reason (the lower dtype's range does not hold their values; the fallback's does), else the
-    search's (their unit failed in the lower dtype, and the chosen trial ran it in the fallback dtype). No
-    lines without such instances."""
+def fallback_reasons(result: TuneResult, report: TuneReport) -> list[tuple[str, str]]:
+    """(label, why) for each op instance a fallback chain runs in its other 16-bit dtype: the range rule's
+    reason (the lower dtype's range does not hold their values; the fallback's does), else the search's
+    (their unit failed in the lower dtype, and the chosen trial ran it in the fallback dtype). report.md and
+    search.html say the same."""
     plan = report.plan
-    if not plan.fallback_instances:
-        return []
     chosen = f"trial {result.chosen}" if result.chosen else "no trial"
-    lines = [f"<details><summary>{plan.fallback} op instances (the first fallback) and why</summary>", "",
-             f"| op instance | why {plan.fallback}, not {plan.dtype} or FP32 |", "|---|---|"]
+    found = []
     for inst in plan.fallback_instances:
         label = inst.label()
         why = result.range_kept.get(label)
@@ -212,5 +209,17 @@ def fallback_lines(result: TuneResult, report: TuneReport) -> list[str]:
                 f"its module's unit goes with the range rule's `{beside[0]}`; {chosen} confirmed it in "
                 f"{plan.fallback}" if beside else
                 f"its unit was kept out of {plan.dtype} by the search; {chosen} confirmed it in {plan.fallback}")
-        lines.append(f"| `{label}` | {text.replace('|', '/')} |")
+        found.append((label, text))
+    return found
+
+
+def fallback_lines(result: TuneResult, report: TuneReport) -> list[str]:
+    """report.md's block on the op instances a fallback chain runs in its other 16-bit dtype, and why
+    (`fallback_reasons`). No lines without such instances."""
+    plan = report.plan
+    if not plan.fallback_instances:
+        return []
+    lines = [f"<details><summary>{plan.fallback} op instances (the first fallback) and why</summary>", "",
+             f"| op instance | why {plan.fallback}, not {plan.dtype} or FP32 |", "|---|---|"]
+    lines += [f"| `{label}` | {text.replace('|', '/')} |" for label, text in fallback_reasons(result, report)]
     return [*lines, "", "</details>", ""]

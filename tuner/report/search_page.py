@@ -8,7 +8,7 @@ from pathlib import Path
 from tuner.report.metric_text import fmt_metric
 from tuner.report.outcome import TuneReport
 from tuner.report.plot import svg_plot
-from tuner.report.reasons import Fp32Reason, fp32_reasons, run_facts, score_header, score_note
+from tuner.report.reasons import Fp32Reason, fallback_reasons, fp32_reasons, run_facts, score_header, score_note
 from tuner.report.verdict import plan_share, run_digits, verdict
 from tuner.search.results import Trial, TuneResult
 
@@ -33,7 +33,8 @@ def search_page(result: TuneResult, report: TuneReport, out: Path | None = None)
                                                  (f" (chosen: trial {result.chosen})" if result.chosen else "")),
              ("baseline → tuned", f"{fmt_metric(result.baseline, d)} → {fmt_metric(result.metric, d)} "
                                   f"(target {fmt_metric(result.target, d)})"),
-             (f"in {dtype}", html.escape(plan_share(report))), ("forward latency", latency)]
+             (f"in {'16-bit' if report.plan.fallback else dtype}", html.escape(plan_share(report))),
+             ("forward latency", latency)]
     dl = "\n".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in items)
     name = html.escape(facts.model)
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>mpt tune: {name} in {dtype}</title>
@@ -44,6 +45,7 @@ def search_page(result: TuneResult, report: TuneReport, out: Path | None = None)
 {dl}
 </dl>
 {_fp32_section(result, report)}
+{_fallback_section(result, report)}
 <h2>Search</h2>
 <p>Each dot is one full evaluation, numbered as in the terminal and report.json (trial 1: the FP32
 baseline, and any trial marked as a baseline run). Right is more of the model in {dtype}; the green line
@@ -73,6 +75,20 @@ def _fp32_section(result: TuneResult, report: TuneReport) -> str:
     return (f"<h2>FP32 op instances ({n} of {total})</h2>\n<table><tr><th>op instance</th><th>why FP32</th>"
             f"<th>{html.escape(score_header(dtype))}</th><th>FLOP share</th></tr>\n{rows}</table>\n"
             f"<p>{html.escape(score_note(dtype))}</p>")
+
+
+def _fallback_section(result: TuneResult, report: TuneReport) -> str:
+    """The op instances a fallback chain runs in its other 16-bit dtype, and why (as report.md says it);
+    nothing for a plan without them."""
+    plan = report.plan
+    if not plan.fallback_instances:
+        return ""
+    other, dtype = html.escape(str(plan.fallback)), html.escape(plan.dtype)
+    rows = "\n".join(f"<tr><td><code>{html.escape(label)}</code></td><td>{html.escape(text)}</td></tr>"
+                     for label, text in fallback_reasons(result, report))
+    return (f"<h2>{other} op instances, the first fallback ({len(plan.fallback_instances)} of "
+            f"{len(result.candidates)})</h2>\n<table><tr><th>op instance</th><th>why {other}, not {dtype} or FP32"
+            f"</th></tr>\n{rows}</table>")
 
 
 def _reason_row(r: Fp32Reason, dtype: str) -> str:

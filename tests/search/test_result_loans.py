@@ -9,8 +9,10 @@ from tuner.search.session import TuneSession
 from tuner.testing import PlantedTask
 
 
-def test_the_result_phase_reads_the_weights_once(monkeypatch):
-    full = []
+def _in_result_phase(monkeypatch) -> tuple[list[bool], list[int]]:
+    """([inside the result phase?], one entry per full capture of the model made there): TuneSession.result
+    and ModelState.capture watched."""
+    full: list[int] = []
     inside = [False]
     capture, result = ModelState.capture.__func__, TuneSession.result
 
@@ -28,6 +30,11 @@ def test_the_result_phase_reads_the_weights_once(monkeypatch):
 
     monkeypatch.setattr(ModelState, "capture", classmethod(counted))
     monkeypatch.setattr(TuneSession, "result", timed)
+    return inside, full
+
+
+def test_the_result_phase_reads_the_weights_once(monkeypatch):
+    _, full = _in_result_phase(monkeypatch)
     task = PlantedTask(8, 1, samples=128)
     res = tuner.tune(task.build, task.evaluate, task.example_inputs, tolerance=0.002, progress=False)
     assert res.chosen is not None and res.recorded is not None  # a plan was chosen, recorded and proven
@@ -69,9 +76,8 @@ def test_a_tune_that_writes_the_all_low_plan_runs_no_forward_in_its_result_phase
     follows, and what it reports lowered is what a forward of the written plan observes."""
     from tuner.measure.deployed import weight_dtypes
 
-    forwards, full = [], []
-    inside = [False]
-    capture, result = ModelState.capture.__func__, TuneSession.result
+    forwards: list[int] = []
+    inside, full = _in_result_phase(monkeypatch)
     x = torch.randn(64, 16, generator=torch.Generator().manual_seed(0))
 
     class Counted(nn.Sequential):
@@ -88,20 +94,6 @@ def test_a_tune_that_writes_the_all_low_plan_runs_no_forward_in_its_result_phase
         with torch.no_grad():
             return float(model(x).abs().mean()) + 1.0
 
-    def counted(cls, model, *, since=None, changed=(), known=None):
-        if inside[0] and since is None:
-            full.append(1)
-        return capture(cls, model, since=since, changed=changed, known=known)
-
-    def timed(self, *args, **kwargs):
-        inside[0] = True
-        try:
-            return result(self, *args, **kwargs)
-        finally:
-            inside[0] = False
-
-    monkeypatch.setattr(ModelState, "capture", classmethod(counted))
-    monkeypatch.setattr(TuneSession, "result", timed)
     res = tuner.tune(build, evaluate, lambda: (x,), tolerance=0.5, progress=False)
     assert res.chosen is not None and not res.plan.fp32_instances  # the all-low plan passed and is written
     assert forwards == [] and full == []

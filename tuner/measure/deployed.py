@@ -135,19 +135,11 @@ def observe(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> Observ
     The random number generators are seeded alike for every such forward and put back after it. `model` is
     left as it was (detached)."""
     inputs = ModelInputs.of(inputs)
-    params: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        key = _storage(p)
-        if key is not None and p.is_floating_point():
-            params.setdefault(key, []).append(name)
-    entered: list[Any] = []
-    tracker = ModuleTracker(model, on_enter=lambda module, path: entered[0](module, path))
-    lower = {plan.torch_dtype} | ({plan.fallback_dtype} if plan.fallback_dtype is not None else set())
-    recorder = _Recorder(params, lower, tracker)
-    entered.append(recorder.entered)
+    recorder = _recorder_for(model, plan)
+    tracker = recorder.tracker
     attach(model, plan)
     tracker.install()
-    hooks = _name_gathered(model, params)
+    hooks = _name_gathered(model, recorder.params)
     try:
         with torch.no_grad(), torch.random.fork_rng(), recorder:
             torch.manual_seed(0)  # a forward that draws random numbers draws the same ones every time
@@ -158,6 +150,22 @@ def observe(model: nn.Module, plan: Plan, inputs: ModelInputs | tuple) -> Observ
         tracker.remove()
         detach(model)
     return _observation(recorder, output)
+
+
+def _recorder_for(model: nn.Module, plan: Plan) -> _Recorder:
+    """A recorder of one forward of `model` under `plan`: its floating parameters by storage, its own module
+    tracker (`recorder.tracker`, not installed yet), and the plan's 16-bit dtypes."""
+    params: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        key = _storage(p)
+        if key is not None and p.is_floating_point():
+            params.setdefault(key, []).append(name)
+    entered: list[Any] = []
+    tracker = ModuleTracker(model, on_enter=lambda module, path: entered[0](module, path))
+    lower = {plan.torch_dtype} | ({plan.fallback_dtype} if plan.fallback_dtype is not None else set())
+    recorder = _Recorder(params, lower, tracker)
+    entered.append(recorder.entered)
+    return recorder
 
 
 def _observation(recorder: _Recorder, output: Any) -> Observation:
@@ -198,17 +206,8 @@ class FirstCall:
         if not same:
             self._remove_hooks()
             return
-        params: dict[int, list[str]] = {}
-        for name, p in module.named_parameters(remove_duplicate=False):
-            key = _storage(p)
-            if key is not None and p.is_floating_point():
-                params.setdefault(key, []).append(name)
-        entered: list[Any] = []
-        tracker = ModuleTracker(module, on_enter=lambda m, path: entered[0](m, path))
-        lower = {self.plan.torch_dtype} | ({self.plan.fallback_dtype} if self.plan.fallback_dtype is not None
-                                            else set())
-        recorder = _Recorder(params, lower, tracker)
-        entered.append(recorder.entered)
+        recorder = _recorder_for(module, self.plan)
+        tracker = recorder.tracker
         tracker.install()
         tracker.enter_module(module)  # the global pre-hook it installed comes after this call's
         self._tracker, self._recorder = tracker, recorder
